@@ -1,0 +1,281 @@
+"""Activation memory: the tensors autograd saves for backward, per block, per family.
+
+A first, honest model (issue "Planner core"); the accuracy work comes later. Each term
+is one saved tensor (or a group of tensors of the same shape) and says what saves it.
+Sizes use the notation of Korthikanti et al. 2022, "Reducing Activation Recomputation
+in Large Transformer Models" (arXiv:2205.05198, section 4.1), where one layer saves
+s*b*h*(34 + 5*a*s/h) bytes in 16-bit with 1-byte dropout masks; we keep their
+decomposition but count what the Hugging Face implementations actually save:
+  H  = b*s*h        hidden states             I  = b*s*i      MLP intermediate
+  Q  = b*s*a*d      queries (a heads)         KV = b*s*g*d    keys or values (g KV heads)
+  S2 = b*a*s*s      attention scores          LSE = b*a*s     SDPA's log-sum-exp (fp32)
+  T  = b*s          one scalar per token (LayerNorm mean/rstd, RMSNorm rsqrt)
+
+Element sizes by precision: linear inputs/outputs, attention and activation functions run
+in the compute dtype (2 bytes under autocast or pure bf16, else 4); the residual stream
+and LayerNorm inputs stay fp32 under autocast (torch autocast runs layer_norm in fp32 and
+promotes the residual add). Dropout masks: on CUDA one byte per element
+(native_dropout's bool mask); on CPU torch's dropout multiplies by a noise tensor as
+large as its input, in the input's dtype (ATen Dropout.cpp `_dropout_impl`).
+
+Known limitations (to be measured and fixed by the accuracy issue): autocast copies of
+rotary tensors, SDPA math-path scaled copies of q and k, NewGELU's exact intermediates,
+allocator rounding, and activation-function variants beyond gelu/gelu_new/relu/silu are
+approximated as described at each term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.model_shape import ArchFamily, ModelShape
+from planner.scenario import Attention, Device, Precision, Scenario, Task
+
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class ActivationTerm:
+    name: str
+    num_bytes: int
+    source: str
+
+
+@dataclass(frozen=True)
+class ActivationProfile:
+    """Saved-for-backward bytes of one micro-batch, split where checkpointing splits them."""
+
+    embedding: tuple[ActivationTerm, ...]
+    per_layer: tuple[ActivationTerm, ...]  # one block; multiply by num_layers
+    head: tuple[ActivationTerm, ...]  # final norm, logits, loss
+    checkpoint_input_bytes: int  # kept per block under gradient checkpointing (its input)
+    loss_forward_transient_bytes: int  # fp32 logits copy alive while the loss runs
+    loss_backward_transient_bytes: int  # gradients of the loss w.r.t. logits
+    layer_backward_transient_bytes: int  # largest gradients alive inside one block's backward
+
+    @property
+    def per_layer_bytes(self) -> int:
+        return sum(t.num_bytes for t in self.per_layer)
+
+    @property
+    def embedding_bytes(self) -> int:
+        return sum(t.num_bytes for t in self.embedding)
+
+    @property
+    def head_bytes(self) -> int:
+        return sum(t.num_bytes for t in self.head)
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """Element counts for one micro-batch and element sizes for the scenario."""
+
+    H: int
+    I: int
+    Q: int
+    KV: int
+    S2: int
+    LSE: int
+    T: int
+    V: int  # b*s*vocab: logits
+    seq: int
+    compute: int  # bytes per element of linear/attention/activation tensors
+    residual: int  # bytes per element of the residual stream and LayerNorm inputs
+    cuda: bool
+
+
+def _sizes(shape: ModelShape, scenario: Scenario) -> _Sizes:
+    b, s = scenario.batch_size, scenario.seq_len
+    compute = 4 if scenario.precision is Precision.FP32 else 2
+    residual = 2 if scenario.precision is Precision.BF16 else 4
+    return _Sizes(
+        H=b * s * shape.hidden_size,
+        I=b * s * shape.intermediate_size,
+        Q=b * s * shape.num_heads * shape.head_dim,
+        KV=b * s * shape.num_kv_heads * shape.head_dim,
+        S2=b * shape.num_heads * s * s,
+        LSE=b * shape.num_heads * s,
+        T=b * s,
+        V=b * s * shape.vocab_size,
+        seq=s,
+        compute=compute,
+        residual=residual,
+        cuda=scenario.device is Device.CUDA,
+    )
+
+
+def _mask_bytes(z: _Sizes, elements: int, input_bytes: int) -> int:
+    return elements * (1 if z.cuda else input_bytes)
+
+
+def _dropout(z: _Sizes, p: float, elements: int, input_bytes: int, name: str) -> list[ActivationTerm]:
+    if p <= 0:
+        return []
+    return [ActivationTerm(name, _mask_bytes(z, elements, input_bytes),
+                           "dropout mask: 1 B/elem on CUDA (native_dropout), input-sized on CPU (_dropout_impl)")]
+
+
+def _activation_function_saved_elements(activation: str, z: _Sizes) -> int:
+    """Elements the activation function saves, beyond the next linear's input."""
+    name = activation.lower()
+    if name == "relu":
+        return 0  # ReLU saves its output, which is the next linear's input (same tensor)
+    if name in ("gelu_new", "gelu_fast"):
+        # transformers NewGELUActivation is Python: 0.5*x*(1+tanh(c*(x+0.044715*x**3)))
+        # saves x, tanh's output, 0.5*x and (1+tanh): four I-sized tensors.
+        return 4 * z.I
+    return z.I  # gelu, gelu_pytorch_tanh, silu: the input
+
+
+def _math_path(shape: ModelShape, scenario: Scenario, z: _Sizes) -> bool:
+    """True when attention materialises the s*s scores: eager, or CPU SDPA with dropout."""
+    return scenario.attention is Attention.EAGER or (shape.attention_dropout > 0 and not z.cuda)
+
+
+def _attention_core(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[ActivationTerm]:
+    """What the attention kernel saves beyond q, k, v."""
+    dropout = shape.attention_dropout
+    if _math_path(shape, scenario, z):
+        # Eager (and CPU SDPA with dropout, which falls back to the math kernel) keep the
+        # softmax output, the dropout mask and the dropped probabilities (Korthikanti 5as^2b).
+        softmax_bytes = FP32 if scenario.precision is not Precision.BF16 else 2
+        terms = [ActivationTerm("attention probabilities (softmax output)", z.S2 * softmax_bytes,
+                                "eager attention saves softmax output for its backward")]
+        if dropout > 0:
+            terms += _dropout(z, dropout, z.S2, softmax_bytes, "attention-probability dropout mask")
+            terms.append(ActivationTerm("dropped probabilities (P@V input)", z.S2 * z.compute,
+                                        "matmul(P, V) saves P"))
+        return terms
+    # Flash / memory-efficient SDPA (CUDA, and CPU without dropout): output and log-sum-exp.
+    return [
+        ActivationTerm("attention output (SDPA)", z.Q * z.compute, "SDPA flash/efficient backward needs out"),
+        ActivationTerm("log-sum-exp (SDPA)", z.LSE * FP32, "SDPA flash/efficient saves logsumexp (fp32)"),
+    ]
+
+
+def _layernorm(z: _Sizes, name: str) -> list[ActivationTerm]:
+    return [ActivationTerm(f"{name} input", z.H * z.residual, "native_layer_norm saves input"),
+            ActivationTerm(f"{name} mean and rstd", 2 * z.T * FP32, "native_layer_norm saves mean, rstd")]
+
+
+def _rmsnorm(z: _Sizes, name: str) -> list[ActivationTerm]:
+    # LlamaRMSNorm.forward: x.to(fp32); x * rsqrt(mean(x**2) + eps); weight * x.to(dtype).
+    normalized = z.H * (FP32 if z.residual == FP32 else 2)
+    return [ActivationTerm(f"{name} input (fp32)", z.H * FP32, "pow and mul save the fp32 input"),
+            ActivationTerm(f"{name} normalized", normalized, "weight * x saves x"),
+            ActivationTerm(f"{name} rsqrt", z.T * FP32, "mul saves rsqrt(var + eps)")]
+
+
+def _linear_input(z: _Sizes, elements: int, name: str) -> ActivationTerm:
+    return ActivationTerm(name, elements * z.compute, "linear saves its input (autocast saves the 16-bit copy)")
+
+
+def _plain_mlp(shape: ModelShape, z: _Sizes) -> list[ActivationTerm]:
+    terms = [_linear_input(z, z.H, "MLP input (fc1 input)")]
+    act = _activation_function_saved_elements(shape.activation, z)
+    if act:
+        terms.append(ActivationTerm(f"{shape.activation} saved tensors", act * z.compute, "activation backward"))
+    terms.append(_linear_input(z, z.I, "fc2 input"))
+    return terms
+
+
+def _gated_mlp(shape: ModelShape, z: _Sizes) -> list[ActivationTerm]:
+    # down(act(gate(x)) * up(x)): act saves gate(x); mul saves act(...) and up(x); down saves the product.
+    return [
+        _linear_input(z, z.H, "MLP input (gate/up input)"),
+        ActivationTerm("gate projection", z.I * z.compute, "activation saves its input"),
+        ActivationTerm("activated gate", z.I * z.compute, "mul saves both factors"),
+        ActivationTerm("up projection", z.I * z.compute, "mul saves both factors"),
+        _linear_input(z, z.I, "down projection input"),
+    ]
+
+
+def _block_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[ActivationTerm]:
+    family = shape.family
+    qkv = [ActivationTerm("q, k, v projections", (z.Q + 2 * z.KV) * z.compute, "attention saves q, k, v")]
+    # Rotary embeddings (q*cos + rotate_half(q)*sin) save only cos and sin: mul saves the
+    # other factor, and cos/sin do not require grad. Their cost is counted once per model.
+    attention = [_linear_input(z, z.H, "q/k/v projection input")] + qkv
+    core = _attention_core(shape, scenario, z)
+    attention += core
+    if _math_path(shape, scenario, z):
+        attention.append(_linear_input(z, z.Q, "output projection input"))
+    # else: flash/efficient SDPA returns its output in (b, s, a, d) layout, so
+    # transpose(1, 2).reshape(b, s, h) is a view: the output projection saves the same storage.
+    hidden_p = shape.hidden_dropout
+    if family is ArchFamily.ENCODER:  # post-LN: attn -> dropout -> add -> LN -> MLP -> dropout -> add -> LN
+        return (attention + _dropout(z, hidden_p, z.H, z.compute, "attention output dropout mask")
+                + _layernorm(z, "attention LayerNorm") + _plain_mlp(shape, z)
+                + _dropout(z, hidden_p, z.H, z.compute, "MLP output dropout mask") + _layernorm(z, "output LayerNorm"))
+    if family is ArchFamily.LLAMA:
+        return (_rmsnorm(z, "input RMSNorm") + attention + _rmsnorm(z, "post-attention RMSNorm")
+                + _gated_mlp(shape, z))
+    if family in (ArchFamily.GPT_NEOX, ArchFamily.PHI):  # parallel residual: both branches read x
+        norms = _layernorm(z, "input LayerNorm")
+        if family is ArchFamily.GPT_NEOX:
+            norms.append(ActivationTerm("post-attention LayerNorm output (MLP input)", z.H * z.compute,
+                                        "second LayerNorm of the parallel residual"))
+        mlp = _plain_mlp(shape, z)[1:] if family is ArchFamily.PHI else _plain_mlp(shape, z)
+        return (norms + attention + mlp + _dropout(z, hidden_p, z.H, z.compute, "attention dropout mask")
+                + _dropout(z, hidden_p, z.H, z.compute, "MLP dropout mask"))
+    # GPT-2, OPT and unknown families: pre-LN, sequential residual.
+    return (_layernorm(z, "attention LayerNorm") + attention
+            + _dropout(z, hidden_p, z.H, z.compute, "attention output dropout mask")
+            + _layernorm(z, "MLP LayerNorm") + _plain_mlp(shape, z)
+            + _dropout(z, hidden_p, z.H, z.compute, "MLP output dropout mask"))
+
+
+def _embedding_terms(shape: ModelShape, z: _Sizes) -> list[ActivationTerm]:
+    terms: list[ActivationTerm] = []
+    if shape.family is ArchFamily.ENCODER:
+        terms += _layernorm(z, "embedding LayerNorm")
+    terms += _dropout(z, shape.embedding_dropout, z.H, z.residual, "embedding dropout mask")
+    if shape.rotary_fraction > 0:
+        rotary_dim = int(shape.head_dim * shape.rotary_fraction)
+        terms.append(ActivationTerm("rotary cos and sin", 2 * z.seq * rotary_dim * z.residual,
+                                    "computed once per forward for position_ids of shape (1, s); saved by mul"))
+    return terms
+
+
+def _head_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[ActivationTerm]:
+    b = scenario.batch_size
+    if scenario.task is Task.SEQUENCE_CLASSIFICATION:
+        # The pooler/classifier reads a slice of the last hidden state; a saved view keeps
+        # the whole (b, s, h) tensor alive. Pooler dense + tanh + classifier inputs are b*h each.
+        return [ActivationTerm("last hidden state (kept by the pooled slice)", z.H * z.residual,
+                               "a saved view keeps its base alive"),
+                ActivationTerm("pooler/classifier inputs", 3 * b * shape.hidden_size * z.compute,
+                               "dense, tanh and classifier save b*h each")]
+    final_norm = (_rmsnorm(z, "final RMSNorm") if shape.family is ArchFamily.LLAMA
+                  else _layernorm(z, "final LayerNorm"))
+    terms = list(final_norm) if shape.family is not ArchFamily.ENCODER else []
+    if scenario.task is Task.MASKED_LM:  # transform: dense -> gelu -> LayerNorm -> decoder
+        terms += [_linear_input(z, z.H, "MLM transform input"),
+                  ActivationTerm("MLM transform activation input", z.H * z.compute, "gelu saves its input")]
+        terms += _layernorm(z, "MLM transform LayerNorm")
+    terms += [_linear_input(z, z.H, "LM head input"),
+              ActivationTerm("logits (model output)", z.V * z.compute, "returned in the output, alive until backward"),
+              ActivationTerm("log-softmax output (fp32)", z.V * FP32,
+                             "cross_entropy upcasts logits to fp32 (ForCausalLMLoss) and log_softmax saves its result")]
+    return terms
+
+
+def activation_profile(shape: ModelShape, scenario: Scenario) -> ActivationProfile:
+    z = _sizes(shape, scenario)
+    block = tuple(_block_terms(shape, scenario, z))
+    is_lm = scenario.task is not Task.SEQUENCE_CLASSIFICATION
+    logits_upcast = z.V * FP32 if (is_lm and z.compute != FP32) else 0
+    # Loss backward: nll_loss's dense fp32 gradient and log_softmax's input gradient coexist.
+    loss_backward = 2 * z.V * FP32 if is_lm else 0
+    biggest_block_tensor = max(z.I, z.S2 if scenario.attention is Attention.EAGER else 0, z.H)
+    return ActivationProfile(
+        embedding=tuple(_embedding_terms(shape, z)),
+        per_layer=block,
+        head=tuple(_head_terms(shape, scenario, z)),
+        checkpoint_input_bytes=z.H * z.residual,
+        loss_forward_transient_bytes=logits_upcast,
+        loss_backward_transient_bytes=loss_backward,
+        # Inside a block's backward the gradient of its largest intermediate and of its
+        # input coexist with the incoming gradient.
+        layer_backward_transient_bytes=2 * biggest_block_tensor * z.compute + z.H * z.residual,
+    )

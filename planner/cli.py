@@ -1,0 +1,168 @@
+"""Command line: `python -m planner estimate|batch|catalog` (interfaces in ../shared/DESIGN.md).
+
+Errors are one line on stderr saying what is wrong and what to do, with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from planner.catalog import catalog_entries
+from planner.errors import PlannerInputError
+from planner.estimate import Estimate, estimate
+from planner.loading import load_model_shape
+from planner.scenario import Attention, Checkpointing, Device, Precision, Task, scenario_from_values
+from planner.units import format_bytes
+
+EXIT_BAD_INPUT = 2
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's default prints the whole usage
+        raise PlannerInputError(f"{message} (see `python -m planner {self.prog.split()[-1]} --help`)")
+
+
+def _add_scenario_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="catalog name (see `catalog`) or path to a config.json")
+    parser.add_argument("--task", required=True, choices=[t.value for t in Task])
+    parser.add_argument("--num-labels", default="2", help="classes for sequence classification (default 2)")
+    parser.add_argument("--batch-size", required=True, help="sequences per micro-batch")
+    parser.add_argument("--seq-len", required=True, help="tokens per sequence")
+    parser.add_argument("--optimizer", default="adamw",
+                        help="adamw, adam, sgd, adafactor, hf-adafactor, adam8bit, adamw8bit, paged-adamw8bit "
+                             "or a TrainingArguments optim string")
+    parser.add_argument("--precision", default="fp32", choices=[p.value for p in Precision])
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--grad-accum", default="1", help="micro-batches per optimizer step")
+    parser.add_argument("--attn", default="sdpa", choices=[a.value for a in Attention])
+    parser.add_argument("--device", default="cuda", choices=[d.value for d in Device])
+    parser.add_argument("--hub", action="store_true", help="allow fetching --config from the Hugging Face hub")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="planner", description="Training memory estimates from a model config.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    one = commands.add_parser("estimate", help="estimate one scenario")
+    _add_scenario_flags(one)
+    one.add_argument("--json", action="store_true", help="print one JSON object (integer bytes)")
+    many = commands.add_parser("batch", help="estimate one scenario per line of a JSONL file")
+    many.add_argument("file", help="JSONL file, one scenario object per line")
+    listing = commands.add_parser("catalog", help="list the bundled models")
+    listing.add_argument("--json", action="store_true")
+    return parser
+
+
+def estimate_from_values(values: dict, base_dir: Path | None = None, allow_hub: bool = False) -> Estimate:
+    """One estimate from user-facing scenario values (the JSONL keys)."""
+    if "config" not in values:
+        raise PlannerInputError("scenario has no 'config': give a catalog name or a config.json path")
+    if "task" not in values:
+        raise PlannerInputError("scenario has no 'task': use sequence-classification, causal-lm or masked-lm")
+    known = {"id", "config", "task", "num_labels", "batch_size", "seq_len", "optimizer", "precision",
+             "gradient_checkpointing", "grad_accum", "attn", "device"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise PlannerInputError(f"unknown scenario key(s) {', '.join(map(repr, unknown))}: allowed are {', '.join(sorted(known))}")
+    for key in ("batch_size", "seq_len"):
+        if key not in values:
+            raise PlannerInputError(f"scenario has no {key!r}: give a positive integer")
+    scenario_values = {k: v for k, v in values.items() if k not in ("id", "config")}
+    scenario = scenario_from_values(**scenario_values)
+    if not isinstance(values["config"], str):
+        raise PlannerInputError("'config' must be a string: a catalog name or a config.json path")
+    shape = load_model_shape(values["config"], scenario.task, scenario.num_labels, base_dir=base_dir,
+                             allow_hub=allow_hub)
+    return estimate(shape, scenario)
+
+
+def format_table(result: Estimate) -> str:
+    """The estimate as a readable table, binary units labelled."""
+    s = result.scenario
+    peak = result.peak
+    lines = [
+        f"{result.model_name} ({result.architecture}, {result.num_parameters:,} parameters)",
+        f"{s.task.value}, batch {s.batch_size} x {s.seq_len} tokens, {s.optimizer.value}, {s.precision.value}, "
+        f"checkpointing {'on' if s.checkpointing is Checkpointing.EVERY_LAYER else 'off'}, "
+        f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}",
+        "",
+        f"{'category':<34}{'bytes':>18}  {'size (binary units)':>20}",
+    ]
+    rows = [
+        ("weights", result.weights_bytes),
+        ("gradients", result.gradients_bytes),
+        ("optimizer state", result.optimizer_state_bytes),
+        ("activations (end of forward)", result.activations_bytes),
+        ("temporaries at the peak", peak.temporaries),
+        (f"PEAK ({peak.phase.value})", peak.total),
+    ]
+    lines += [f"{name:<34}{value:>18,}  {format_bytes(value):>20}" for name, value in rows]
+    lines += ["", f"Peak phase: {peak.phase.value}: {result.peak_reason}."]
+    lines += [f"Note: {note}" for note in result.notes]
+    return "\n".join(lines)
+
+
+def _run_estimate(args: argparse.Namespace) -> int:
+    result = estimate_from_values(
+        {"config": args.config, "task": args.task, "num_labels": args.num_labels, "batch_size": args.batch_size,
+         "seq_len": args.seq_len, "optimizer": args.optimizer, "precision": args.precision,
+         "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
+         "attn": args.attn, "device": args.device},
+        base_dir=Path.cwd(), allow_hub=args.hub,
+    )
+    print(json.dumps(result.to_json()) if args.json else format_table(result))
+    return 0
+
+
+def _batch_line_result(line: str, base_dir: Path) -> dict:
+    try:
+        values = json.loads(line)
+    except json.JSONDecodeError as error:
+        return {"error": f"line is not valid JSON ({error.msg})"}
+    if not isinstance(values, dict):
+        return {"error": "line must be a JSON object"}
+    scenario_id = values.get("id")
+    try:
+        result = estimate_from_values(values, base_dir=base_dir).to_json()
+    except PlannerInputError as error:
+        result = {"error": str(error)}
+    if scenario_id is not None:
+        result = {"id": scenario_id, **result}
+    return result
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        raise PlannerInputError(f"batch file {args.file!r} does not exist")
+    base_dir = path.resolve().parent
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            if line.strip():
+                print(json.dumps(_batch_line_result(line, base_dir)), flush=False)
+    sys.stdout.flush()
+    return 0
+
+
+def _run_catalog(args: argparse.Namespace) -> int:
+    entries = catalog_entries()
+    if args.json:
+        print(json.dumps([{"name": e.name, "hub_id": e.hub_id, "family": e.family, "description": e.description,
+                           "published_params": e.published_params} for e in entries.values()]))
+        return 0
+    for entry in entries.values():
+        params = f"{entry.published_params:,}" if entry.published_params else "n/a"
+        print(f"{entry.name:<28}{params:>18} params  {entry.description}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _build_parser().parse_args(argv)
+        handler = {"estimate": _run_estimate, "batch": _run_batch, "catalog": _run_catalog}[args.command]
+        return handler(args)
+    except PlannerInputError as error:
+        print(f"planner: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT

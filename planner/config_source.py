@@ -1,0 +1,101 @@
+"""Where a model config comes from: a catalog name, a config.json path, uploaded bytes,
+or (only when asked, and only when online) a model id on the Hugging Face hub.
+
+Every failure is a PlannerInputError with one line saying what to do instead.
+Configs are parsed as JSON only: no pickle or other code-executing format is ever read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from planner.catalog import catalog_config, catalog_entries
+from planner.errors import PlannerInputError
+
+MAX_CONFIG_BYTES = 1 << 20  # a real config.json is a few KiB; 1 MiB leaves room, stops abuse
+MAX_JSON_DEPTH = 32
+HUB_TIMEOUT_S = 10.0
+
+
+def _depth(value, level: int = 0) -> int:
+    if level > MAX_JSON_DEPTH:
+        return level
+    if isinstance(value, dict):
+        return max([_depth(v, level + 1) for v in value.values()] or [level + 1])
+    if isinstance(value, list):
+        return max([_depth(v, level + 1) for v in value] or [level + 1])
+    return level
+
+
+def config_from_bytes(data: bytes, source_name: str = "uploaded config") -> dict:
+    """Parse and sanity-check a config.json given as bytes."""
+    if len(data) > MAX_CONFIG_BYTES:
+        raise PlannerInputError(
+            f"{source_name} is {len(data):,} bytes; a config.json must be under {MAX_CONFIG_BYTES:,} bytes"
+        )
+    try:
+        config = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise PlannerInputError(f"{source_name} is not UTF-8 text: upload the model's config.json") from None
+    except (json.JSONDecodeError, RecursionError) as error:
+        detail = getattr(error, "msg", "too deeply nested")
+        raise PlannerInputError(f"{source_name} is not valid JSON ({detail}): upload the model's config.json") from None
+    if not isinstance(config, dict):
+        raise PlannerInputError(f"{source_name} must hold a JSON object, like a transformers config.json")
+    if _depth(config) > MAX_JSON_DEPTH:
+        raise PlannerInputError(f"{source_name} is nested deeper than {MAX_JSON_DEPTH} levels: not a config.json")
+    if not isinstance(config.get("model_type"), str):
+        raise PlannerInputError(f"{source_name} has no 'model_type' string: it must be a transformers config.json")
+    return config
+
+
+def config_from_path(path: Path) -> dict:
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise PlannerInputError(f"config file {str(path)!r} does not exist")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise PlannerInputError(f"{path.name} is {size:,} bytes; a config.json must be under {MAX_CONFIG_BYTES:,} bytes")
+    return config_from_bytes(path.read_bytes(), path.name)
+
+
+def config_from_hub(model_id: str, timeout_s: float = HUB_TIMEOUT_S) -> dict:
+    """config.json of a hub model; a clear error (never a hang) when offline or unknown."""
+    import urllib.error
+    import urllib.request
+
+    url = f"https://huggingface.co/{model_id}/resolve/main/config.json"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 (fixed https host)
+            data = response.read(MAX_CONFIG_BYTES + 1)
+    except urllib.error.HTTPError as error:
+        raise PlannerInputError(f"the hub has no config.json for {model_id!r} (HTTP {error.code})") from None
+    except (urllib.error.URLError, TimeoutError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise PlannerInputError(
+            f"cannot reach the Hugging Face hub for {model_id!r} ({reason}): download its config.json and pass the path"
+        ) from None
+    return config_from_bytes(data, f"{model_id} config.json")
+
+
+def resolve_config(source: str, base_dir: Path | None = None, allow_hub: bool = False) -> tuple[dict, str]:
+    """(config dict, display name) for a catalog name, a path, or a hub id when allow_hub."""
+    text = str(source).strip()
+    if not text:
+        raise PlannerInputError("no model given: pass a catalog name or a config.json path")
+    if text.lower() in catalog_entries():
+        return catalog_config(text), text.lower()
+    path = Path(text).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if path.exists() or text.endswith(".json"):
+        return config_from_path(path), path.name
+    if allow_hub and "/" in text:
+        return config_from_hub(text), text
+    hint = " (or pass --hub to fetch it from the hub)" if "/" in text else ""
+    raise PlannerInputError(
+        f"{text!r} is neither a catalog model nor a config file{hint}: "
+        "run `python -m planner catalog` to list the bundled models"
+    )

@@ -1,0 +1,207 @@
+"""The estimate: memory by category at each phase of one steady-state optimizer step,
+and the peak as the maximum over phases (../shared/DESIGN.md, "What measured means").
+
+Phases of one optimizer step with K micro-batches (zero_grad(set_to_none=True), so the
+first micro-batch starts with no gradients; later ones carry them, which is why
+accumulation keeps gradients alive):
+  forward end   weights + state + [gradients if K > 1] + saved activations + loss transients
+  backward      the larger of: its start (everything saved + the loss gradients) and its
+                end (all gradients + embeddings' activations + one block's gradients);
+                with checkpointing, one block is recomputed at a time
+  optimizer     weights + gradients + state + the step's temporaries
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from planner.activations import ActivationProfile, activation_profile
+from planner.errors import PlannerInputError
+from planner.model_shape import ArchFamily, ModelShape
+from planner.optimizer_state import optimizer_state_bytes, parameter_bytes_per_element
+from planner.optimizer_step import optimizer_step_transient_bytes
+from planner.scenario import Checkpointing, Precision, Scenario, Task
+
+
+class Phase(enum.Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER_STEP = "optimizer-step"
+
+
+class Confidence(enum.Enum):
+    MODELLED = "modelled"  # the family has its own activation recipe
+    GENERIC = "generic"  # unknown family: a generic pre-LN decoder recipe stands in
+
+
+@dataclass(frozen=True)
+class PhaseMemory:
+    """Live bytes by category at the high point of one phase."""
+
+    phase: Phase
+    weights: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    temporaries: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer_state + self.activations + self.temporaries
+
+
+@dataclass(frozen=True)
+class Estimate:
+    model_name: str
+    architecture: str
+    num_parameters: int
+    scenario: Scenario
+    weights_bytes: int  # parameters plus registered buffers
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int  # saved for backward at the end of one micro-batch's forward
+    phases: tuple[PhaseMemory, ...]
+    profile: ActivationProfile
+    confidence: Confidence
+    notes: tuple[str, ...]
+
+    @property
+    def peak(self) -> PhaseMemory:
+        return max(self.phases, key=lambda p: p.total)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak.total
+
+    @property
+    def peak_phase(self) -> Phase:
+        return self.peak.phase
+
+    @property
+    def peak_reason(self) -> str:
+        return _PEAK_REASONS[self.peak_phase]
+
+    def to_json(self) -> dict:
+        s = self.scenario
+        peak = self.peak
+        return {
+            "model": self.model_name,
+            "architecture": self.architecture,
+            "num_parameters": self.num_parameters,
+            "scenario": {
+                "task": s.task.value, "num_labels": s.num_labels, "batch_size": s.batch_size,
+                "seq_len": s.seq_len, "optimizer": s.optimizer.value, "precision": s.precision.value,
+                "gradient_checkpointing": s.checkpointing is Checkpointing.EVERY_LAYER,
+                "grad_accum": s.grad_accum_steps, "attn": s.attention.value, "device": s.device.value,
+            },
+            "weights_bytes": self.weights_bytes,
+            "gradients_bytes": self.gradients_bytes,
+            "optimizer_state_bytes": self.optimizer_state_bytes,
+            "activations_bytes": self.activations_bytes,
+            "temporaries_bytes": peak.temporaries,
+            "peak_bytes": peak.total,
+            "peak_phase": peak.phase.value,
+            "peak_reason": self.peak_reason,
+            "peak_breakdown_bytes": {
+                "weights": peak.weights, "gradients": peak.gradients, "optimizer_state": peak.optimizer_state,
+                "activations": peak.activations, "temporaries": peak.temporaries,
+            },
+            "phases": {p.phase.value: p.total for p in self.phases},
+            "confidence": self.confidence.value,
+            "notes": list(self.notes),
+        }
+
+
+_PEAK_REASONS = {
+    Phase.FORWARD: "saved activations are largest at the end of the forward pass",
+    Phase.BACKWARD: "gradients of the loss and of the last layers join the saved activations early in backward",
+    Phase.OPTIMIZER_STEP: "weights, gradients, optimizer state and the step's temporaries are all alive",
+}
+
+
+def _autocast_weight_copy_bytes(shape: ModelShape, scenario: Scenario) -> int:
+    """16-bit copies autocast makes of every matmul weight (cached, and saved by linear)."""
+    if scenario.precision not in (Precision.BF16_MIXED, Precision.FP16_MIXED):
+        return 0
+    matmul_weights = sum(p.numel for p in shape.params if len(p.shape) >= 2) - shape.embedding_elements
+    if shape.tied_embeddings and scenario.task is not Task.SEQUENCE_CLASSIFICATION:
+        matmul_weights += shape.vocab_size * shape.hidden_size  # tied LM head multiplies by the embedding
+    return 2 * max(matmul_weights, 0)
+
+
+def check_scenario_fits_model(shape: ModelShape, scenario: Scenario) -> None:
+    if shape.max_positions is not None and scenario.seq_len > shape.max_positions:
+        raise PlannerInputError(
+            f"sequence length {scenario.seq_len:,} exceeds {shape.name}'s {shape.max_positions:,} positions "
+            "(max_position_embeddings): use a shorter sequence"
+        )
+    if scenario.task is not shape.task or (
+        scenario.task is Task.SEQUENCE_CLASSIFICATION and scenario.num_labels != shape.num_labels
+    ):
+        raise ValueError("scenario task/num_labels differ from the ModelShape's: load the shape for this task")
+
+
+def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
+    """Memory of one steady-state optimizer step of `scenario` on `shape`, by phase."""
+    check_scenario_fits_model(shape, scenario)
+    stats = shape.stats
+    element = parameter_bytes_per_element(scenario.precision)
+    weights = stats.num_elements * element + shape.buffer_bytes
+    gradients = stats.num_elements * element
+    state = optimizer_state_bytes(stats, scenario.optimizer, scenario.precision)
+    profile = activation_profile(shape, scenario)
+    weight_copies = _autocast_weight_copy_bytes(shape, scenario)
+    layers = shape.num_layers
+    checkpointed = scenario.checkpointing is Checkpointing.EVERY_LAYER
+    early_gradients = gradients if scenario.grad_accum_steps > 1 else 0
+
+    embedding_and_head = profile.embedding_bytes + profile.head_bytes
+    if checkpointed:
+        saved = embedding_and_head + layers * profile.checkpoint_input_bytes
+        forward_extra = weight_copies  # autocast's cache lives until the forward's autocast exits
+        saved_at_backward_start = saved
+        # Late in backward: all gradients, one block recomputed with its weight copies.
+        backward_late_activations = (profile.embedding_bytes + profile.checkpoint_input_bytes
+                                     + profile.per_layer_bytes + weight_copies // layers)
+    else:
+        saved = embedding_and_head + layers * profile.per_layer_bytes + weight_copies
+        forward_extra = 0
+        saved_at_backward_start = saved
+        backward_late_activations = profile.embedding_bytes
+    phases = (
+        PhaseMemory(Phase.FORWARD, weights, early_gradients, state, saved,
+                    forward_extra + profile.loss_forward_transient_bytes),
+        max(
+            PhaseMemory(Phase.BACKWARD, weights, early_gradients, state, saved_at_backward_start,
+                        profile.loss_backward_transient_bytes),
+            PhaseMemory(Phase.BACKWARD, weights, gradients, state, backward_late_activations,
+                        profile.layer_backward_transient_bytes),
+            key=lambda p: p.total,
+        ),
+        PhaseMemory(Phase.OPTIMIZER_STEP, weights, gradients, state, 0,
+                    optimizer_step_transient_bytes(stats, scenario.optimizer, scenario.precision, scenario.device)),
+    )
+    notes = []
+    confidence = Confidence.MODELLED
+    if shape.family is ArchFamily.UNKNOWN:
+        confidence = Confidence.GENERIC
+        notes.append(f"no activation recipe for model_type {shape.model_type!r}: a generic pre-LayerNorm "
+                     "decoder recipe stands in, so activations may be off by tens of percent")
+    if scenario.optimizer.value == "paged-adamw8bit":
+        notes.append("paged 8-bit state lives in CUDA unified memory and can be evicted to CPU RAM; "
+                     "it is counted in full here")
+    return Estimate(
+        model_name=shape.name,
+        architecture=shape.architecture,
+        num_parameters=stats.num_elements,
+        scenario=scenario,
+        weights_bytes=weights,
+        gradients_bytes=gradients,
+        optimizer_state_bytes=state,
+        activations_bytes=saved,
+        phases=phases,
+        profile=profile,
+        confidence=confidence,
+        notes=tuple(notes),
+    )

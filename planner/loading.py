@@ -1,0 +1,34 @@
+"""Model shapes by source, cached: building a shape takes up to a second (the meta-device
+build), an estimate microseconds, so the same (config, task, labels) is built once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from planner.config_source import resolve_config
+from planner.model_shape import ModelShape
+from planner.scenario import Task
+
+_SHAPES: dict[tuple[str, Task, int], ModelShape] = {}
+_MAX_CACHED_SHAPES = 64
+
+
+def model_shape_for_config(config: dict, task: Task, num_labels: int = 2, name: str = "model") -> ModelShape:
+    from planner.shapes_from_config import build_model_shape
+
+    key = (json.dumps(config, sort_keys=True, default=str), task, num_labels if task is Task.SEQUENCE_CLASSIFICATION else 0)
+    shape = _SHAPES.get(key)
+    if shape is None or shape.name != name:
+        shape = build_model_shape(config, task, num_labels, name)
+        if len(_SHAPES) >= _MAX_CACHED_SHAPES:
+            _SHAPES.pop(next(iter(_SHAPES)))
+        _SHAPES[key] = shape
+    return shape
+
+
+def load_model_shape(source: str, task: Task, num_labels: int = 2, base_dir: Path | None = None,
+                     allow_hub: bool = False) -> ModelShape:
+    """ModelShape for a catalog name, a config.json path or (when allowed) a hub id."""
+    config, name = resolve_config(source, base_dir=base_dir, allow_hub=allow_hub)
+    return model_shape_for_config(config, task, num_labels, name)

@@ -1,0 +1,145 @@
+"""ModelShape: everything the planner knows about a model, with no torch in sight.
+
+Built once per (config, task) by `planner.shapes_from_config` from the exact parameter
+tensors transformers would create (tied weights counted once), plus the dimensions the
+activation model reads. `ParameterStats` holds the per-tensor sums that optimizer state
+needs, computed once here so that one estimate costs microseconds, not a tensor walk.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from planner.scenario import Task
+
+# bitsandbytes 8-bit optimizers keep 32-bit state for tensors with fewer elements than
+# this (`min_8bit_size=4096` in bnb.optim.Optimizer8bit) and quantise the rest
+# block-wise in blocks of 256 elements, one fp32 absmax per block and per state.
+BNB_MIN_8BIT_SIZE = 4096
+BNB_BLOCK_SIZE = 256
+
+
+class ArchFamily(enum.Enum):
+    """Which activation recipe applies (planner.activations)."""
+
+    ENCODER = "encoder"  # BERT, RoBERTa, DistilBERT, ELECTRA: post-LayerNorm, dropout everywhere
+    GPT2 = "gpt2"
+    OPT = "opt"
+    GPT_NEOX = "gpt-neox"  # Pythia: parallel residual, partial rotary
+    LLAMA = "llama"  # LLaMA, Mistral, Qwen2, Gemma: RMSNorm, rotary, gated MLP, GQA
+    PHI = "phi"  # Phi-1/2: parallel attention + MLP under one LayerNorm, partial rotary
+    UNKNOWN = "unknown"
+
+
+class MlpKind(enum.Enum):
+    PLAIN = "plain"  # fc1 -> act -> fc2
+    GATED = "gated"  # down(act(gate(x)) * up(x))
+
+
+class NormKind(enum.Enum):
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    name: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class ParameterStats:
+    """Per-tensor sums over the unique parameter tensors, in elements."""
+
+    num_tensors: int
+    num_elements: int
+    largest_tensor_elements: int
+    # Adafactor keeps a row and a column vector for tensors with >= 2 dims
+    # (shape[:-1] and shape[:-2] + shape[-1:]) and a full second moment for the rest
+    # (torch.optim.Adafactor; transformers.optimization.Adafactor._get_options).
+    adafactor_factored_elements: int
+    # bitsandbytes: tensors below BNB_MIN_8BIT_SIZE keep fp32 state.
+    bnb_small_elements: int
+    bnb_large_elements: int
+    bnb_large_tensors: int
+    bnb_absmax_blocks: int  # sum of ceil(numel / 256) over the large tensors
+
+
+def compute_parameter_stats(params: tuple[ParamTensor, ...]) -> ParameterStats:
+    factored = small = large = large_count = blocks = largest = total = 0
+    for tensor in params:
+        numel = tensor.numel
+        total += numel
+        largest = max(largest, numel)
+        if len(tensor.shape) >= 2:
+            factored += math.prod(tensor.shape[:-1]) + math.prod(tensor.shape[:-2]) * tensor.shape[-1]
+        else:
+            factored += numel
+        if numel < BNB_MIN_8BIT_SIZE:
+            small += numel
+        else:
+            large += numel
+            large_count += 1
+            blocks += -(-numel // BNB_BLOCK_SIZE)
+    return ParameterStats(
+        num_tensors=len(params),
+        num_elements=total,
+        largest_tensor_elements=largest,
+        adafactor_factored_elements=factored,
+        bnb_small_elements=small,
+        bnb_large_elements=large,
+        bnb_large_tensors=large_count,
+        bnb_absmax_blocks=blocks,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class ModelShape:
+    """A model's parameter tensors and the dimensions activations depend on."""
+
+    name: str  # catalog name or file name, for display
+    model_type: str  # config.model_type, e.g. "llama"
+    architecture: str  # the transformers class built, e.g. "LlamaForCausalLM"
+    family: ArchFamily
+    task: Task
+    num_labels: int
+    params: tuple[ParamTensor, ...]  # unique tensors: tied weights appear once
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_positions: int | None  # None when the model has no fixed limit (rotary)
+    mlp: MlpKind
+    norm: NormKind
+    activation: str  # config's activation name, e.g. "gelu_new", "silu"
+    hidden_dropout: float  # residual / MLP output dropout probability
+    attention_dropout: float  # dropout on attention probabilities
+    embedding_dropout: float
+    rotary_fraction: float  # share of head_dim that rotary embeddings rotate (0 when none)
+    tied_embeddings: bool
+    buffer_bytes: int  # registered buffers (position ids, rotary inv_freq): counted with the weights
+    embedding_elements: int  # nn.Embedding weights: looked up, never multiplied, so autocast never copies them
+    stats: ParameterStats = field(init=False)
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModelShape.{name} must be a positive int, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        object.__setattr__(self, "stats", compute_parameter_stats(self.params))
+
+    @property
+    def num_parameters(self) -> int:
+        return self.stats.num_elements

@@ -1,0 +1,40 @@
+"""Temporaries alive during `optimizer.step()` at steady state, beyond the state itself.
+
+Which implementation runs decides it (torch/optim/optimizer.py `_default_to_fused_or_foreach`:
+foreach only when every tensor is on CUDA; CPU runs the per-tensor loop):
+- AdamW/Adam per-tensor (CPU): `denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)` holds
+  two tensors of the current parameter's size at once (torch/optim/adamw.py `_single_tensor_adam`).
+- AdamW/Adam foreach (CUDA default): `torch._foreach_sqrt(exp_avg_sqs)` materialises a
+  square root of every state tensor at once (`_multi_tensor_adam`): one parameter-sized copy.
+- SGD with momentum: in place in both paths.
+- Adafactor (torch and transformers): per tensor, the squared gradient and the
+  reconstructed second moment, in fp32 for transformers' version.
+- bitsandbytes 8-bit: fused CUDA kernels update in place; the CPU path dequantises both
+  states of one tensor to fp32 (an estimate here until measured: see Known limitations
+  in planner/activations.py).
+"""
+
+from __future__ import annotations
+
+from planner.model_shape import ParameterStats
+from planner.optimizer_state import FP32_BYTES, parameter_bytes_per_element
+from planner.scenario import Device, Optimizer, Precision
+
+
+def optimizer_step_transient_bytes(stats: ParameterStats, optimizer: Optimizer, precision: Precision,
+                                   device: Device) -> int:
+    param_bytes = parameter_bytes_per_element(precision)
+    largest = stats.largest_tensor_elements
+    if optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
+        if device is Device.CUDA:
+            return stats.num_elements * param_bytes
+        return 2 * largest * param_bytes
+    if optimizer is Optimizer.SGD:
+        return 0
+    if optimizer is Optimizer.ADAFACTOR:
+        return 2 * largest * param_bytes
+    if optimizer is Optimizer.HF_ADAFACTOR:
+        return 2 * largest * FP32_BYTES
+    if optimizer in (Optimizer.ADAM8BIT, Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
+        return 0 if device is Device.CUDA else 2 * largest * FP32_BYTES
+    raise ValueError(f"no step model for optimizer {optimizer}")

@@ -1,0 +1,176 @@
+"""What the user asks about: the training scenario (task, batch, sequence, optimizer,
+precision, techniques, device) as enums and one validated frozen dataclass.
+
+Names and aliases follow ../shared/DESIGN.md ("Interfaces other code relies on").
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from planner.errors import PlannerInputError
+
+
+class Task(enum.Enum):
+    SEQUENCE_CLASSIFICATION = "sequence-classification"
+    CAUSAL_LM = "causal-lm"
+    MASKED_LM = "masked-lm"
+
+
+class Optimizer(enum.Enum):
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"  # momentum 0.9: one buffer per parameter
+    ADAFACTOR = "adafactor"  # torch.optim.Adafactor
+    HF_ADAFACTOR = "hf-adafactor"  # transformers' Adafactor, as TrainingArguments(optim="adafactor") builds it
+    ADAM8BIT = "adam8bit"
+    ADAMW8BIT = "adamw8bit"
+    PAGED_ADAMW8BIT = "paged-adamw8bit"
+
+
+# TrainingArguments `optim` strings. "adafactor" is also a primary name (torch's
+# Adafactor); both Adafactors hold byte-identical state for every precision but pure
+# bf16, where transformers' keeps fp32 state: ask for "hf-adafactor" to get that one.
+OPTIMIZER_ALIASES: dict[str, Optimizer] = {
+    "adamw_torch": Optimizer.ADAMW,
+    "adamw_torch_fused": Optimizer.ADAMW,
+    "adamw_bnb_8bit": Optimizer.ADAMW8BIT,
+    "paged_adamw_8bit": Optimizer.PAGED_ADAMW8BIT,
+}
+
+
+class Precision(enum.Enum):
+    FP32 = "fp32"
+    BF16_MIXED = "bf16-mixed"  # autocast; fp32 master weights, gradients and states
+    FP16_MIXED = "fp16-mixed"
+    BF16 = "bf16"  # pure 16-bit weights, gradients and states
+
+
+class Checkpointing(enum.Enum):
+    NONE = "none"
+    EVERY_LAYER = "every-layer"  # model.gradient_checkpointing_enable(): each block's input kept
+
+
+class Attention(enum.Enum):
+    SDPA = "sdpa"
+    EAGER = "eager"
+
+
+class Device(enum.Enum):
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+def parse_enum(kind: type[enum.Enum], value: str, what: str) -> enum.Enum:
+    """Enum member from its user-facing value, or a one-line error listing the choices."""
+    if isinstance(value, kind):
+        return value
+    text = str(value).strip().lower()
+    for member in kind:
+        if member.value == text:
+            return member
+    choices = ", ".join(m.value for m in kind)
+    raise PlannerInputError(f"unknown {what} {value!r}: choose one of {choices}")
+
+
+def parse_optimizer(value: str | Optimizer) -> Optimizer:
+    if isinstance(value, Optimizer):
+        return value
+    text = str(value).strip().lower()
+    if text in OPTIMIZER_ALIASES:
+        return OPTIMIZER_ALIASES[text]
+    for member in Optimizer:
+        if member.value == text:
+            return member
+    choices = ", ".join([m.value for m in Optimizer] + sorted(OPTIMIZER_ALIASES))
+    raise PlannerInputError(f"unknown optimizer {value!r}: choose one of {choices}")
+
+
+def _positive_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlannerInputError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One training configuration. Sizes are per micro-batch and per device."""
+
+    task: Task
+    batch_size: int  # sequences per micro-batch
+    seq_len: int  # tokens per sequence
+    optimizer: Optimizer = Optimizer.ADAMW
+    precision: Precision = Precision.FP32
+    checkpointing: Checkpointing = Checkpointing.NONE
+    grad_accum_steps: int = 1  # micro-batches per optimizer step
+    attention: Attention = Attention.SDPA
+    device: Device = Device.CUDA
+    num_labels: int = 2  # only read for sequence classification
+
+    def __post_init__(self) -> None:
+        _positive_int(self.batch_size, "batch size")
+        _positive_int(self.seq_len, "sequence length")
+        _positive_int(self.grad_accum_steps, "gradient accumulation steps")
+        _positive_int(self.num_labels, "number of labels")
+        for name, kind in (("task", Task), ("optimizer", Optimizer), ("precision", Precision),
+                           ("checkpointing", Checkpointing), ("attention", Attention), ("device", Device)):
+            if not isinstance(getattr(self, name), kind):
+                raise PlannerInputError(f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.batch_size * self.seq_len
+
+
+def _as_int(value: object, what: str) -> int:
+    """Accepts ints and integral strings (from the CLI or JSON), rejects everything else."""
+    if isinstance(value, bool):
+        raise PlannerInputError(f"{what} must be a positive integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
+        return int(value.strip())
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise PlannerInputError(f"{what} must be a positive integer, got {value!r}")
+
+
+def _as_bool(value: object, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in {"true", "false", "1", "0", "yes", "no"}:
+        return value.strip().lower() in {"true", "1", "yes"}
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise PlannerInputError(f"{what} must be true or false, got {value!r}")
+
+
+def scenario_from_values(
+    *,
+    task: str,
+    batch_size: object,
+    seq_len: object,
+    optimizer: str = "adamw",
+    precision: str = "fp32",
+    gradient_checkpointing: object = False,
+    grad_accum: object = 1,
+    attn: str = "sdpa",
+    device: str = "cuda",
+    num_labels: object = 2,
+) -> Scenario:
+    """Scenario from user-facing names (CLI flags, JSONL keys, dashboard widgets)."""
+    return Scenario(
+        task=parse_enum(Task, task, "task"),
+        batch_size=_as_int(batch_size, "batch size"),
+        seq_len=_as_int(seq_len, "sequence length"),
+        optimizer=parse_optimizer(optimizer),
+        precision=parse_enum(Precision, precision, "precision"),
+        checkpointing=Checkpointing.EVERY_LAYER
+        if _as_bool(gradient_checkpointing, "gradient_checkpointing")
+        else Checkpointing.NONE,
+        grad_accum_steps=_as_int(grad_accum, "gradient accumulation steps"),
+        attention=parse_enum(Attention, attn, "attention implementation"),
+        device=parse_enum(Device, device, "device"),
+        num_labels=_as_int(num_labels, "number of labels"),
+    )

@@ -1,0 +1,200 @@
+"""Config dict -> ModelShape, by building the model on the meta device.
+
+The only module of `planner` that imports torch and transformers (lazily, inside the
+function): the meta device gives every parameter's exact shape with no memory and no
+download, for any architecture transformers ships. `trust_remote_code` is never
+enabled, so a config can never make us run code from the internet.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+from planner.errors import PlannerInputError
+from planner.model_shape import ArchFamily, MlpKind, ModelShape, NormKind, ParamTensor
+from planner.scenario import Task
+
+_FAMILY_BY_MODEL_TYPE = {
+    "bert": ArchFamily.ENCODER,
+    "roberta": ArchFamily.ENCODER,
+    "xlm-roberta": ArchFamily.ENCODER,
+    "distilbert": ArchFamily.ENCODER,
+    "electra": ArchFamily.ENCODER,
+    "gpt2": ArchFamily.GPT2,
+    "opt": ArchFamily.OPT,
+    "gpt_neox": ArchFamily.GPT_NEOX,
+    "llama": ArchFamily.LLAMA,
+    "mistral": ArchFamily.LLAMA,
+    "qwen2": ArchFamily.LLAMA,
+    "qwen3": ArchFamily.LLAMA,
+    "gemma": ArchFamily.LLAMA,
+    "phi": ArchFamily.PHI,
+}
+
+_AUTO_CLASS_BY_TASK = {
+    Task.SEQUENCE_CLASSIFICATION: "AutoModelForSequenceClassification",
+    Task.CAUSAL_LM: "AutoModelForCausalLM",
+    Task.MASKED_LM: "AutoModelForMaskedLM",
+}
+
+# Size keys (under any of their names) whose values must be positive integers.
+_SIZE_KEYS = (
+    "hidden_size", "n_embd", "dim", "d_model",
+    "num_hidden_layers", "n_layer", "n_layers",
+    "num_attention_heads", "n_head", "n_heads",
+    "num_key_value_heads", "intermediate_size", "n_inner", "hidden_dim", "ffn_dim",
+    "vocab_size", "max_position_embeddings", "n_positions", "head_dim",
+)
+# Guards against configs that would take minutes to build even on the meta device.
+_MAX_LAYERS = 1024
+_MAX_WIDTH = 1 << 20  # hidden, intermediate and vocabulary sizes
+_MAX_PARAMETERS = 10**13
+
+
+def _first_attr(config, names: tuple[str, ...], default=None):
+    for name in names:
+        value = getattr(config, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+def _validate_sizes(config_dict: dict) -> None:
+    for key in _SIZE_KEYS:
+        if key not in config_dict or config_dict[key] is None:
+            continue
+        value = config_dict[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlannerInputError(f"config field {key!r} must be a positive integer, got {value!r}")
+        limit = _MAX_LAYERS if key in ("num_hidden_layers", "n_layer", "n_layers") else _MAX_WIDTH
+        if key not in ("max_position_embeddings", "n_positions") and value > limit:
+            raise PlannerInputError(f"config field {key!r} = {value:,} is larger than this planner supports ({limit:,})")
+
+
+def _rough_parameter_count(config) -> int:
+    hidden = _first_attr(config, ("hidden_size",), 0) or 0
+    layers = _first_attr(config, ("num_hidden_layers",), 0) or 0
+    inner = _first_attr(config, ("intermediate_size", "n_inner", "hidden_dim", "ffn_dim"), 4 * hidden) or 4 * hidden
+    vocab = _first_attr(config, ("vocab_size",), 0) or 0
+    return layers * (4 * hidden * hidden + 3 * hidden * inner) + 2 * vocab * hidden
+
+
+def _intermediate_size(config, hidden: int, family: ArchFamily) -> int:
+    value = _first_attr(config, ("intermediate_size", "n_inner", "hidden_dim", "ffn_dim"))
+    # GPT-2's n_inner=None means 4 * n_embd (GPT2MLP in modeling_gpt2.py).
+    return int(value) if value else 4 * hidden
+
+
+def _rotary_fraction(config, family: ArchFamily) -> float:
+    rope = getattr(config, "rope_parameters", None) or {}
+    partial = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    partial = partial if partial is not None else _first_attr(config, ("partial_rotary_factor", "rotary_pct"))
+    if partial is not None:
+        return float(partial)
+    return 1.0 if family in (ArchFamily.LLAMA, ArchFamily.GPT_NEOX, ArchFamily.PHI) else 0.0
+
+
+def load_transformers_config(config_dict: dict, task: Task, num_labels: int):
+    """A transformers PretrainedConfig from a plain dict; PlannerInputError when it cannot be one."""
+    import transformers
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    # Config validation chatter (legacy activation names, token ids) is not the user's error.
+    transformers.logging.set_verbosity_error()
+
+    if not isinstance(config_dict, dict):
+        raise PlannerInputError("a model config must be a JSON object")
+    model_type = config_dict.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise PlannerInputError("config has no 'model_type': it must be a transformers config.json")
+    if model_type not in CONFIG_MAPPING:
+        raise PlannerInputError(
+            f"architecture {model_type!r} is not known to transformers {transformers.__version__}: "
+            "use a supported model_type or upgrade transformers"
+        )
+    _validate_sizes(config_dict)
+    kwargs = copy.deepcopy({k: v for k, v in config_dict.items() if k != "model_type"})
+    if task is Task.SEQUENCE_CLASSIFICATION:
+        kwargs.pop("id2label", None)
+        kwargs.pop("label2id", None)
+        kwargs["num_labels"] = num_labels
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoConfig.for_model(model_type, **kwargs)
+    except Exception as error:  # transformers raises many types for bad fields
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise PlannerInputError(f"config for {model_type!r} is invalid: {message}") from None
+
+
+def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: str = "model") -> ModelShape:
+    """Exact parameter shapes for `config_dict` with the head `task` needs."""
+    import torch
+    import transformers
+
+    config = load_transformers_config(config_dict, task, num_labels)
+    family = _FAMILY_BY_MODEL_TYPE.get(config.model_type, ArchFamily.UNKNOWN)
+    if _rough_parameter_count(config) > _MAX_PARAMETERS:
+        raise PlannerInputError("config describes a model above 10 trillion parameters: check its sizes")
+    auto_class = getattr(transformers, _AUTO_CLASS_BY_TASK[task])
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            model = auto_class.from_config(config, trust_remote_code=False)
+    except ValueError as error:
+        if "Unrecognized configuration class" in str(error):
+            raise PlannerInputError(
+                f"transformers has no {task.value} head for model_type {config.model_type!r}: choose another task"
+            ) from None
+        raise PlannerInputError(f"cannot build {config.model_type!r}: {str(error).splitlines()[0]}") from None
+    except Exception as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise PlannerInputError(f"cannot build {config.model_type!r} from this config: {first_line}") from None
+
+    # named_parameters() yields each tensor once, so tied embeddings are counted once.
+    params = tuple(ParamTensor(n, tuple(p.shape)) for n, p in model.named_parameters())
+    hidden = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    kv_heads = int(_first_attr(config, ("num_key_value_heads",), heads) or heads)
+    head_dim = int(_first_attr(config, ("head_dim",), hidden // heads) or hidden // heads)
+    activation = str(_first_attr(config, ("hidden_act", "activation_function", "activation"), "gelu"))
+    hidden_dropout = float(_first_attr(config, ("hidden_dropout_prob", "resid_pdrop", "hidden_dropout", "dropout"), 0.0))
+    embedding_dropout = float(_first_attr(config, ("embd_pdrop", "hidden_dropout_prob", "dropout"), 0.0))
+    if family in (ArchFamily.LLAMA, ArchFamily.GPT_NEOX):
+        embedding_dropout = 0.0
+    attention_dropout = float(
+        _first_attr(config, ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout"), 0.0)
+    )
+    input_embeddings = model.get_input_embeddings()
+    output_embeddings = model.get_output_embeddings() if task is not Task.SEQUENCE_CLASSIFICATION else None
+    tied = output_embeddings is not None and output_embeddings.weight is input_embeddings.weight
+    max_positions = _first_attr(config, ("max_position_embeddings",))
+    embedding_elements = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    return ModelShape(
+        name=name,
+        model_type=config.model_type,
+        architecture=type(model).__name__,
+        family=family,
+        task=task,
+        num_labels=num_labels,
+        params=params,
+        hidden_size=hidden,
+        num_layers=int(config.num_hidden_layers),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=_intermediate_size(config, hidden, family),
+        vocab_size=int(config.vocab_size),
+        max_positions=int(max_positions) if max_positions else None,
+        mlp=MlpKind.GATED if family is ArchFamily.LLAMA else MlpKind.PLAIN,
+        norm=NormKind.RMSNORM if family is ArchFamily.LLAMA else NormKind.LAYERNORM,
+        activation=activation,
+        hidden_dropout=hidden_dropout,
+        attention_dropout=attention_dropout,
+        embedding_dropout=embedding_dropout,
+        rotary_fraction=_rotary_fraction(config, family),
+        tied_embeddings=bool(tied),
+        buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+        embedding_elements=embedding_elements,
+    )
