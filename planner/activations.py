@@ -254,7 +254,8 @@ def _head_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[Activa
                   ActivationTerm("MLM transform activation input", z.H * z.compute, "gelu saves its input")]
         terms += _layernorm(z, "MLM transform LayerNorm")
     terms += [_linear_input(z, z.H, "LM head input"),
-              ActivationTerm("logits (model output)", z.V * z.compute, "returned in the output, alive until backward"),
+              ActivationTerm("logits (model output)", z.V * z.compute,
+                             "the lessons' loop keeps `outputs` alive through backward (Trainer drops it)"),
               ActivationTerm("log-softmax output (fp32)", z.V * FP32,
                              "cross_entropy upcasts logits to fp32 (ForCausalLMLoss) and log_softmax saves its result")]
     return terms

@@ -147,7 +147,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     check_scenario_fits_model(shape, scenario)
     stats = shape.stats
     element = parameter_bytes_per_element(scenario.precision)
-    weights = stats.num_elements * element + shape.buffer_bytes
+    weights = (stats.num_elements + shape.float_buffer_elements) * element + shape.other_buffer_bytes
     gradients = stats.num_elements * element
     state = optimizer_state_bytes(stats, scenario.optimizer, scenario.precision)
     profile = activation_profile(shape, scenario)

@@ -195,6 +195,7 @@ def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: 
         embedding_dropout=embedding_dropout,
         rotary_fraction=_rotary_fraction(config, family),
         tied_embeddings=bool(tied),
-        buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+        float_buffer_elements=sum(b.numel() for b in model.buffers() if b.is_floating_point()),
+        other_buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers() if not b.is_floating_point()),
         embedding_elements=embedding_elements,
     )

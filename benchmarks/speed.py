@@ -1,0 +1,94 @@
+"""Planner speed: start-up (imports + building one model's shapes on the meta device)
+apart from the cost of one estimate once the shapes are loaded, plus a 1,000-line
+`planner batch` run end to end. Writes benchmarks/results/speed.md.
+
+Run: python benchmarks/speed.py
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results" / "speed.md"
+MODELS = ["distilbert-base-cased", "gpt2", "llama-2-7b", "llama-2-70b"]
+
+
+def _scenarios(task: str) -> list[dict]:
+    grid = itertools.product([1, 2, 4, 8, 16], [128, 256, 512], ["adamw", "adafactor", "adamw8bit", "sgd"],
+                             ["fp32", "bf16-mixed", "bf16"], [False, True], [1, 4], ["sdpa", "eager"], ["cpu", "cuda"])
+    out = [dict(task=task, batch_size=b, seq_len=s, optimizer=o, precision=p, gradient_checkpointing=c,
+                grad_accum=k, attn=a, device=d) for b, s, o, p, c, k, a, d in grid]
+    return out[:1000]
+
+
+def _best_of_three(path: Path) -> float:
+    """Wall time of a `planner batch` run, best of three (process start-up is noisy)."""
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "planner", "batch", str(path)], cwd=ROOT, check=True, capture_output=True)
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main() -> None:
+    started = time.perf_counter()
+    from planner import Task, estimate, load_model_shape, scenario_from_values
+
+    import_s = time.perf_counter() - started
+    rows = []
+    for name in MODELS:
+        task = Task.SEQUENCE_CLASSIFICATION if name.startswith("distilbert") else Task.CAUSAL_LM
+        t0 = time.perf_counter()
+        shape = load_model_shape(name, task, 2)
+        load_s = time.perf_counter() - t0
+        scenarios = [scenario_from_values(**values) for values in _scenarios(task.value)]
+        timings = []
+        for scenario in scenarios:
+            t1 = time.perf_counter()
+            estimate(shape, scenario).to_json()
+            timings.append(time.perf_counter() - t1)
+        rows.append((name, shape.num_parameters, load_s, statistics.median(timings), max(timings), sum(timings)))
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "scenarios.jsonl"
+        path.write_text("\n".join(json.dumps({"config": "llama-2-7b", **values}) for values in _scenarios("causal-lm")))
+        one = Path(folder) / "one.jsonl"
+        one.write_text(json.dumps({"config": "llama-2-7b", **_scenarios("causal-lm")[0]}))
+        batch_one_s = _best_of_three(one)
+        batch_thousand_s = _best_of_three(path)
+
+    lines = [
+        "# Planner speed", "",
+        f"Machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}; "
+        f"command: `python benchmarks/speed.py`.", "",
+        f"Import of `planner` (lazy: torch/transformers load with the first shape): {import_s * 1000:.0f} ms.", "",
+        "| model | parameters | start-up: build shapes (s) | per scenario, median (µs) | per scenario, max (µs) | 1,000 scenarios (ms) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, params, load_s, median_s, max_s, total_s in rows:
+        lines.append(f"| {name} | {params:,} | {load_s:.2f} | {median_s * 1e6:.0f} | {max_s * 1e6:.0f} | {total_s * 1000:.0f} |")
+    lines += [
+        "",
+        "The first shape build pays for importing torch and transformers; later builds are the meta-device model only.",
+        "",
+        f"`python -m planner batch` end to end (llama-2-7b): 1 line {batch_one_s:.2f} s, 1,000 lines {batch_thousand_s:.2f} s: "
+        f"the 999 extra scenarios add {max(batch_thousand_s - batch_one_s, 0):.2f} s (best of three runs each).",
+    ]
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Optimizer state: the planner's bytes equal the real optimizer's, byte for byte.
+
+Each case builds the real model from a tiny config, the real optimizer, takes a step,
+and sums the unique storages in `optimizer.state` (planner.optimizer_size).
+"""
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from planner.loading import model_shape_for_config
+from planner.optimizer_size import optimizer_state_storage
+from planner.optimizer_state import optimizer_state_bytes
+from planner.scenario import Optimizer, Precision, scenario_from_values
+from runners.model_factory import build_model, synthetic_batch
+from runners.optimizers import build_optimizer
+
+MODELS = [("tiny-distilbert", "sequence-classification"), ("tiny-gpt2", "causal-lm"), ("tiny-llama", "causal-lm")]
+
+
+def _real_state_bytes(name: str, task: str, optimizer: Optimizer, precision: Precision) -> int:
+    config = tiny_config(name)
+    scenario = scenario_from_values(task=task, batch_size=2, seq_len=16, optimizer=optimizer.value,
+                                    precision=precision.value, device="cpu")
+    model = build_model(config, scenario)
+    real_optimizer = build_optimizer(model, optimizer)
+    model(**synthetic_batch(config, scenario)).loss.backward()
+    real_optimizer.step()
+    return optimizer_state_storage(real_optimizer.state.values())[0]
+
+
+@pytest.mark.parametrize("name,task", MODELS)
+@pytest.mark.parametrize("optimizer", list(Optimizer))
+@pytest.mark.parametrize("precision", [Precision.FP32, Precision.BF16])
+def test_state_bytes_equal_real_optimizer(name, task, optimizer, precision):
+    scenario = scenario_from_values(task=task, batch_size=2, seq_len=16)
+    shape = model_shape_for_config(tiny_config(name), scenario.task, 2, name)
+    planned = optimizer_state_bytes(shape.stats, optimizer, precision)
+    assert planned == _real_state_bytes(name, task, optimizer, precision)
+
+
+def test_mixed_precision_state_is_fp32_like_fp32():
+    # Autocast leaves parameters (and so the optimizer's state) in fp32.
+    scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=16)
+    shape = model_shape_for_config(tiny_config("tiny-llama"), scenario.task, 2, "tiny-llama")
+    assert (optimizer_state_bytes(shape.stats, Optimizer.ADAMW, Precision.BF16_MIXED)
+            == _real_state_bytes("tiny-llama", "causal-lm", Optimizer.ADAMW, Precision.BF16_MIXED))
+
+
+def test_hf_adafactor_matches_what_training_arguments_builds(tmp_path):
+    """runners builds transformers' Adafactor with the kwargs Trainer derives from optim="adafactor"."""
+    from transformers import Trainer, TrainingArguments
+    from transformers.optimization import Adafactor
+
+    args = TrainingArguments(output_dir=str(tmp_path), optim="adafactor", report_to=[])
+    optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+    assert optimizer_cls is Adafactor
+    assert kwargs["scale_parameter"] is False and kwargs["relative_step"] is False
