@@ -16,6 +16,7 @@ from planner.errors import PlannerInputError
 MAX_CONFIG_BYTES = 1 << 20  # a real config.json is a few KiB; 1 MiB leaves room, stops abuse
 MAX_JSON_DEPTH = 32
 HUB_TIMEOUT_S = 10.0
+HUB_URL = "https://huggingface.co"
 
 
 def _depth(value, level: int = 0) -> int:
@@ -61,12 +62,15 @@ def config_from_path(path: Path) -> dict:
     return config_from_bytes(path.read_bytes(), path.name)
 
 
-def config_from_hub(model_id: str, timeout_s: float = HUB_TIMEOUT_S) -> dict:
+def config_from_hub(model_id: str, timeout_s: float = HUB_TIMEOUT_S, hub_url: str = HUB_URL) -> dict:
     """config.json of a hub model; a clear error (never a hang) when offline or unknown."""
     import urllib.error
+    import urllib.parse
     import urllib.request
 
-    url = f"https://huggingface.co/{model_id}/resolve/main/config.json"
+    if not all(part and part not in (".", "..") for part in model_id.split("/")) or model_id.count("/") > 1:
+        raise PlannerInputError(f"{model_id!r} is not a hub model id like 'owner/name'")
+    url = f"{hub_url}/{urllib.parse.quote(model_id)}/resolve/main/config.json"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 (fixed https host)
             data = response.read(MAX_CONFIG_BYTES + 1)

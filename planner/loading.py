@@ -3,6 +3,7 @@ build), an estimate microseconds, so the same (config, task, labels) is built on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,12 +20,13 @@ def model_shape_for_config(config: dict, task: Task, num_labels: int = 2, name: 
 
     key = (json.dumps(config, sort_keys=True, default=str), task, num_labels if task is Task.SEQUENCE_CLASSIFICATION else 0)
     shape = _SHAPES.get(key)
-    if shape is None or shape.name != name:
+    if shape is None:
         shape = build_model_shape(config, task, num_labels, name)
         if len(_SHAPES) >= _MAX_CACHED_SHAPES:
             _SHAPES.pop(next(iter(_SHAPES)))
         _SHAPES[key] = shape
-    return shape
+    # The same config under another name (an upload renamed) reuses the built shapes.
+    return shape if shape.name == name else dataclasses.replace(shape, name=name)
 
 
 def load_model_shape(source: str, task: Task, num_labels: int = 2, base_dir: Path | None = None,

@@ -1,0 +1,74 @@
+"""Training memory planner dashboard: `streamlit run app.py`.
+
+Holds the page config, the sidebar inputs every page shares (defined once, here, each
+keyed by its app_pages.inputs.SidebarValues field name) and the st.navigation router
+over app_pages/ (not pages/: Streamlit's automatic pages/ folder and st.navigation
+together break shared sidebars). Pages read the sidebar with SidebarValues.from_state.
+"""
+
+import streamlit as st
+
+from app_pages.inputs import (
+    CUSTOM_GPU,
+    DEFAULTS,
+    GPU_PRESETS,
+    MODEL_SOURCE_LABELS,
+    OPTIMIZER_LABELS,
+    PRECISION_LABELS,
+    ModelSource,
+    default_task,
+)
+from planner.catalog import catalog_entries
+from planner.scenario import Attention, Device, Precision, Task
+from planner.units import format_bytes
+
+st.set_page_config(page_title="Training memory planner", page_icon=":material/memory:", layout="wide")
+
+# Initial values through session state rather than each widget's value=, so a widget
+# that a callback changes (task) or that is hidden for a while keeps one source of defaults.
+for key, value in DEFAULTS.items():
+    st.session_state.setdefault(key, value)
+
+
+def _follow_default_task() -> None:
+    # A newly picked catalog model starts from the task it is usually fine-tuned for.
+    st.session_state["task"] = default_task(st.session_state["catalog_model"])
+
+
+with st.sidebar:
+    st.header("Scenario")
+    source = st.radio("Model from", list(MODEL_SOURCE_LABELS), format_func=MODEL_SOURCE_LABELS.get,
+                      key="model_source", horizontal=True)
+    if source == ModelSource.CATALOG.value:
+        entries = catalog_entries()
+        st.selectbox("Catalog model", list(entries), key="catalog_model", on_change=_follow_default_task,
+                     help="Type to search. " + entries[st.session_state["catalog_model"]].description)
+    else:
+        st.file_uploader("Model config.json", type=["json"], key="config_upload",
+                         help="A transformers config.json: only its shape is read, never any weights.")
+    task = st.selectbox("Task", [t.value for t in Task], key="task")
+    if task == Task.SEQUENCE_CLASSIFICATION.value:
+        st.number_input("Labels", min_value=1, step=1, key="num_labels")
+
+    st.subheader("Training step")
+    st.number_input("Batch size (sequences per micro-batch)", min_value=1, step=1, key="batch_size")
+    st.number_input("Sequence length (tokens)", min_value=1, step=64, key="seq_len")
+    st.number_input("Gradient accumulation steps", min_value=1, step=1, key="grad_accum")
+    st.selectbox("Optimizer", list(OPTIMIZER_LABELS), format_func=OPTIMIZER_LABELS.get, key="optimizer")
+    st.selectbox("Precision", [p.value for p in Precision], format_func=PRECISION_LABELS.get, key="precision")
+    st.toggle("Gradient checkpointing", key="gradient_checkpointing")
+    st.selectbox("Attention", [a.value for a in Attention], key="attn")
+
+    st.subheader("Hardware")
+    st.radio("Device kind", [d.value for d in Device], key="device", horizontal=True,
+             help="Activation memory differs by device (CPU dropout masks are fp32, CUDA's one byte).")
+    preset = st.selectbox("GPU", list(GPU_PRESETS), key="gpu_preset")
+    if preset == CUSTOM_GPU:
+        st.number_input("GPU capacity (GiB)", min_value=0.01, step=1.0, format="%.2f", key="gpu_custom_gib")
+    else:
+        st.caption(f"{format_bytes(GPU_PRESETS[preset])}, as nvidia-smi reports it")
+
+router = st.navigation([
+    st.Page("app_pages/plan.py", title="Plan", icon=":material/calculate:", default=True),
+])
+router.run()

@@ -1,0 +1,160 @@
+"""The sidebar's values and what they mean to the planner, with no Streamlit here.
+
+app.py draws one widget per field of SidebarValues, keyed by the field's name, with its
+initial value from DEFAULTS; pages read them back with SidebarValues.from_state and turn
+them into planner inputs (a config, a Scenario, a capacity in bytes) with the functions below.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from planner.catalog import catalog_config, catalog_entries
+from planner.config_source import config_from_bytes
+from planner.errors import PlannerInputError
+from planner.scenario import Attention, Device, Optimizer, Precision, Scenario, Task, scenario_from_values
+from planner.units import GIB, MIB
+
+
+class ModelSource(enum.Enum):
+    CATALOG = "catalog"
+    UPLOAD = "upload"
+
+
+MODEL_SOURCE_LABELS = {ModelSource.CATALOG.value: "Catalog", ModelSource.UPLOAD.value: "Upload config.json"}
+
+OPTIMIZER_LABELS = {
+    Optimizer.ADAMW.value: "AdamW (torch)",
+    Optimizer.ADAM.value: "Adam (torch)",
+    Optimizer.SGD.value: "SGD, momentum 0.9",
+    Optimizer.ADAFACTOR.value: "Adafactor (torch)",
+    Optimizer.HF_ADAFACTOR.value: "Adafactor (transformers)",
+    Optimizer.ADAM8BIT.value: "Adam 8-bit (bitsandbytes)",
+    Optimizer.ADAMW8BIT.value: "AdamW 8-bit (bitsandbytes)",
+    Optimizer.PAGED_ADAMW8BIT.value: "Paged AdamW 8-bit (bitsandbytes)",
+}
+
+PRECISION_LABELS = {
+    Precision.FP32.value: "fp32",
+    Precision.BF16_MIXED.value: "bf16 mixed (autocast, fp32 master)",
+    Precision.FP16_MIXED.value: "fp16 mixed (autocast, fp32 master)",
+    Precision.BF16.value: "bf16 (pure 16-bit)",
+}
+
+CUSTOM_GPU = "Custom"
+# Total memory as `nvidia-smi` reports it (memory.total, MiB), not the marketing "GB":
+# T4 15360, L4 23034, A10/A10G 23028, A100 40960 / 81920, H100 80GB HBM3 81559,
+# H200 143771. The 24 GB row takes the smallest of its cards (A10) so "fits" stays
+# true on all three (an RTX 4090 reports 24564 MiB without ECC).
+GPU_PRESETS: dict[str, int | None] = {
+    "T4 · 16 GB": 15360 * MIB,
+    "L4 / A10 / RTX 4090 · 24 GB": 23028 * MIB,
+    "A100 · 40 GB": 40960 * MIB,
+    "A100 · 80 GB": 81920 * MIB,
+    "H100 · 80 GB": 81559 * MIB,
+    "H200 · 141 GB": 143771 * MIB,
+    CUSTOM_GPU: None,  # read from gpu_custom_gib
+}
+
+DEFAULT_MODEL = "distilbert-base-cased"  # the lessons' model
+
+
+def default_task(catalog_model: str) -> str:
+    """The task a catalog model is usually fine-tuned for (encoders classify, the rest model language)."""
+    entry = catalog_entries().get(catalog_model)
+    return (entry.default_task if entry is not None else Task.CAUSAL_LM).value
+
+
+@dataclass(frozen=True)
+class UploadedConfig:
+    name: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class SidebarValues:
+    """Raw widget values, named as their widget keys (the user-facing strings the planner parses)."""
+
+    model_source: str
+    catalog_model: str
+    config_upload: UploadedConfig | None
+    task: str
+    num_labels: int
+    batch_size: int
+    seq_len: int
+    grad_accum: int
+    optimizer: str
+    precision: str
+    gradient_checkpointing: bool
+    attn: str
+    device: str
+    gpu_preset: str
+    gpu_custom_gib: float
+
+    @classmethod
+    def from_state(cls, state: Mapping) -> SidebarValues:
+        """Values from st.session_state (or any mapping); a widget not drawn this run reads its default."""
+        values = {f.name: state.get(f.name, DEFAULTS.get(f.name)) for f in fields(cls)}
+        upload = values["config_upload"]
+        if upload is not None and not isinstance(upload, UploadedConfig):
+            # st.file_uploader's UploadedFile: a BytesIO with a .name
+            values["config_upload"] = UploadedConfig(name=upload.name, data=upload.getvalue())
+        return cls(**values)
+
+
+# Initial widget values. config_upload is absent: Streamlit forbids setting a file uploader's state.
+DEFAULTS: dict[str, object] = {
+    "model_source": ModelSource.CATALOG.value,
+    "catalog_model": DEFAULT_MODEL,
+    "task": default_task(DEFAULT_MODEL),
+    "num_labels": 2,
+    "batch_size": 8,
+    "seq_len": 512,
+    "grad_accum": 1,
+    "optimizer": Optimizer.ADAMW.value,
+    "precision": Precision.FP32.value,
+    "gradient_checkpointing": False,
+    "attn": Attention.SDPA.value,
+    "device": Device.CUDA.value,
+    "gpu_preset": "T4 · 16 GB",
+    "gpu_custom_gib": 16.0,
+}
+
+
+def model_config(values: SidebarValues) -> tuple[dict, str] | None:
+    """(config dict, display name) of the chosen model; None while the upload is still empty."""
+    if values.model_source == ModelSource.UPLOAD.value:
+        if values.config_upload is None:
+            return None
+        upload = values.config_upload
+        return config_from_bytes(upload.data, upload.name), upload.name
+    return catalog_config(values.catalog_model), values.catalog_model
+
+
+def scenario_for(values: SidebarValues) -> Scenario:
+    return scenario_from_values(
+        task=values.task,
+        batch_size=values.batch_size,
+        seq_len=values.seq_len,
+        optimizer=values.optimizer,
+        precision=values.precision,
+        gradient_checkpointing=values.gradient_checkpointing,
+        grad_accum=values.grad_accum,
+        attn=values.attn,
+        device=values.device,
+        num_labels=values.num_labels,
+    )
+
+
+def capacity_bytes(values: SidebarValues) -> int:
+    """Device memory to compare the peak against, in bytes."""
+    if values.gpu_preset not in GPU_PRESETS:
+        raise PlannerInputError(f"unknown GPU preset {values.gpu_preset!r}: choose one of {', '.join(GPU_PRESETS)}")
+    preset = GPU_PRESETS[values.gpu_preset]
+    if preset is not None:
+        return preset
+    if values.gpu_custom_gib is None or values.gpu_custom_gib <= 0:
+        raise PlannerInputError(f"GPU capacity must be a positive number of GiB, got {values.gpu_custom_gib!r}")
+    return round(values.gpu_custom_gib * GIB)

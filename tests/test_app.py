@@ -1,0 +1,183 @@
+"""The dashboard through Streamlit's AppTest: app.py's sidebar, router and the Plan page.
+
+Every number the page shows is checked against planner.estimate called directly on the
+same scenario, never against the page's own arithmetic.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app_pages.inputs import DEFAULTS, GPU_PRESETS
+from planner.catalog import CATALOG_DIR
+from planner.config_source import config_from_bytes
+from planner.errors import PlannerInputError
+from planner.estimate import estimate
+from planner.loading import load_model_shape, model_shape_for_config
+from planner.scenario import Task, scenario_from_values
+from planner.units import GIB
+
+APP = Path(__file__).resolve().parents[1] / "app.py"
+TIMEOUT_S = 60  # the first run imports transformers and builds a shape on the meta device
+SCENARIO_KEYS = ("task", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
+                 "grad_accum", "attn", "device", "num_labels")
+
+
+def run_app() -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S).run()
+    assert not at.exception
+    return at
+
+
+def expected_estimate(model: str = DEFAULTS["catalog_model"], **overrides):
+    values = {key: DEFAULTS[key] for key in SCENARIO_KEYS} | overrides
+    scenario = scenario_from_values(**values)
+    return estimate(load_model_shape(model, scenario.task, scenario.num_labels), scenario)
+
+
+def shown_bytes(at: AppTest) -> dict[str, int]:
+    table = at.dataframe[0].value
+    return dict(zip(table["category"], (int(b) for b in table["bytes"])))
+
+
+def assert_page_shows(at: AppTest, result) -> None:
+    assert not at.exception
+    assert not at.error, [e.value for e in at.error]
+    peak = result.peak
+    assert shown_bytes(at) == {
+        "Weights": peak.weights, "Gradients": peak.gradients, "Optimizer state": peak.optimizer_state,
+        "Activations": peak.activations, "Temporaries": peak.temporaries, "Peak (total)": result.peak_bytes,
+    }
+    assert f"**{result.peak_phase.value}**" in at.markdown[0].value
+    assert result.peak_reason in at.markdown[0].value
+
+
+def verdict_text(at: AppTest) -> str:
+    shown = [element.value for element in (*at.success, *at.warning)]
+    assert len(shown) == 1, shown
+    return shown[0]
+
+
+def test_default_render_shows_the_estimate_and_a_verdict():
+    at = run_app()
+    result = expected_estimate()
+    assert_page_shows(at, result)
+    capacity = GPU_PRESETS[DEFAULTS["gpu_preset"]]
+    assert result.peak_bytes < capacity  # the lessons' DistilBERT fits a T4
+    assert verdict_text(at).startswith("Fits")
+    margin = next(m.value for m in at.metric if m.label == "Margin")
+    assert margin == f"{(capacity - result.peak_bytes) / GIB:+,.2f} GiB"
+
+
+def test_batch_size_changes_the_peak():
+    at = run_app()
+    before = shown_bytes(at)["Peak (total)"]
+    at.number_input(key="batch_size").set_value(32).run()
+    result = expected_estimate(batch_size=32)
+    assert_page_shows(at, result)
+    assert result.peak_bytes != before
+
+
+def test_another_catalog_model_changes_the_numbers_and_its_task():
+    at = run_app()
+    before = shown_bytes(at)
+    at.selectbox(key="catalog_model").set_value("gpt2").run()
+    # gpt2 is a decoder: picking it switches the task to causal LM.
+    assert at.selectbox(key="task").value == Task.CAUSAL_LM.value
+    result = expected_estimate("gpt2", task="causal-lm")
+    assert_page_shows(at, result)
+    assert shown_bytes(at) != before
+    assert "GPT2LMHeadModel" in at.caption[0].value
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("optimizer", "adamw8bit"),
+    ("optimizer", "adafactor"),
+    ("precision", "bf16-mixed"),
+    ("gradient_checkpointing", True),
+    ("grad_accum", 4),
+    ("attn", "eager"),
+    ("device", "cpu"),
+    ("num_labels", 7),
+    ("seq_len", 128),
+])
+def test_each_scenario_widget_reaches_the_estimate(key, value):
+    at = run_app()
+    widget = at.toggle(key=key) if isinstance(value, bool) else next(
+        w for w in (*at.selectbox, *at.number_input, *at.radio) if w.key == key)
+    widget.set_value(value).run()
+    assert_page_shows(at, expected_estimate(**{key: value}))
+
+
+def test_sequence_longer_than_the_positions_shows_an_error_and_the_page_recovers():
+    at = run_app()
+    at.number_input(key="seq_len").set_value(4096).run()
+    assert not at.exception
+    assert len(at.error) == 1
+    assert "4,096 exceeds" in at.error[0].value and "512 positions" in at.error[0].value
+    assert not at.dataframe
+    at.number_input(key="seq_len").set_value(256).run()
+    assert_page_shows(at, expected_estimate(seq_len=256))
+
+
+def test_custom_capacity_below_the_peak_does_not_fit():
+    at = run_app()
+    at.selectbox(key="gpu_preset").set_value("Custom").run()
+    at.number_input(key="gpu_custom_gib").set_value(1.0).run()
+    result = expected_estimate()
+    assert_page_shows(at, result)
+    assert verdict_text(at).startswith("Does not fit")
+    assert f"by {(result.peak_bytes - GIB) / GIB:,.2f} GiB" in verdict_text(at)
+    margin = next(m.value for m in at.metric if m.label == "Margin")
+    assert margin == f"{(GIB - result.peak_bytes) / GIB:+,.2f} GiB"
+
+
+def test_gpu_preset_sets_the_capacity():
+    at = run_app()
+    at.selectbox(key="gpu_preset").set_value("H200 · 141 GB").run()
+    capacity = next(m.value for m in at.metric if m.label == "Capacity")
+    assert capacity == f"{143771 * 2**20 / GIB:,.2f} GiB"
+
+
+def upload(at: AppTest, data: bytes) -> AppTest:
+    if at.radio(key="model_source").value != "upload":
+        at.radio(key="model_source").set_value("upload").run()
+    return at.file_uploader(key="config_upload").set_value(("config.json", data, "application/json")).run()
+
+
+def test_upload_source_waits_for_a_file_without_an_error():
+    at = run_app()
+    at.radio(key="model_source").set_value("upload").run()
+    assert not at.exception and not at.error
+    assert "Upload" in at.info[0].value
+
+
+def test_uploaded_config_is_estimated():
+    data = (CATALOG_DIR / "opt-125m.json").read_bytes()
+    at = upload(run_app(), data)
+    scenario = scenario_from_values(**{key: DEFAULTS[key] for key in SCENARIO_KEYS})
+    shape = model_shape_for_config(json.loads(data), scenario.task, scenario.num_labels, "config.json")
+    assert_page_shows(at, estimate(shape, scenario))
+    assert at.caption[0].value.startswith("**config.json**: OPTForSequenceClassification")
+
+
+@pytest.mark.parametrize("data", [
+    b"not json",
+    b"[1, 2]",
+    b'{"hidden_size": 768}',
+    b'{"model_type": "no-such-architecture"}',
+    b"\xff\xfe",
+])
+def test_bad_upload_shows_its_one_line_error_and_the_page_recovers(data):
+    with pytest.raises(PlannerInputError) as raised:
+        config = config_from_bytes(data, "config.json")
+        model_shape_for_config(config, Task.SEQUENCE_CLASSIFICATION, 2, "config.json")
+    at = upload(run_app(), data)
+    assert not at.exception
+    assert [e.value for e in at.error] == [str(raised.value)]
+    assert "\n" not in str(raised.value)
+    good = (CATALOG_DIR / DEFAULTS["catalog_model"]).with_suffix(".json").read_bytes()
+    at = upload(at, good)
+    assert not at.error and at.dataframe
