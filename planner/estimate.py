@@ -21,7 +21,7 @@ from planner.errors import PlannerInputError
 from planner.model_shape import ArchFamily, ModelShape
 from planner.optimizer_state import optimizer_state_bytes, parameter_bytes_per_element
 from planner.optimizer_step import optimizer_step_transient_bytes
-from planner.scenario import Checkpointing, Precision, Scenario, Task
+from planner.scenario import Checkpointing, Optimizer, Precision, Scenario, Task
 
 
 class Phase(enum.Enum):
@@ -188,7 +188,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         confidence = Confidence.GENERIC
         notes.append(f"no activation recipe for model_type {shape.model_type!r}: a generic pre-LayerNorm "
                      "decoder recipe stands in, so activations may be off by tens of percent")
-    if scenario.optimizer.value == "paged-adamw8bit":
+    if scenario.optimizer is Optimizer.PAGED_ADAMW8BIT:
         notes.append("paged 8-bit state lives in CUDA unified memory and can be evicted to CPU RAM; "
                      "it is counted in full here")
     return Estimate(
