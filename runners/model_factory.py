@@ -27,8 +27,10 @@ def build_model(config_dict: dict, scenario: Scenario, seed: int = 0) -> torch.n
     config.use_cache = False
     torch.manual_seed(seed)
     auto_class = getattr(transformers, _AUTO_CLASS[scenario.task])
+    # An explicit dtype: transformers 5 otherwise builds in the config's `torch_dtype`
+    # (float16 for many published configs), and training keeps fp32 master weights.
     model = auto_class.from_config(config, attn_implementation=scenario.attention.value,
-                                   trust_remote_code=False)
+                                   trust_remote_code=False, dtype=torch.float32)
     if scenario.precision is Precision.BF16:
         model = model.to(torch.bfloat16)
     if scenario.checkpointing is Checkpointing.EVERY_LAYER:

@@ -28,3 +28,9 @@ def test_weights_and_gradients_equal_real_tensors(name, task, precision):
     result = estimate(model_shape_for_config(config, scenario.task, 2, name), scenario)
     assert result.weights_bytes == real_weights
     assert result.gradients_bytes == real_gradients
+
+
+def test_runs_build_fp32_masters_whatever_the_config_dtype():
+    config = dict(tiny_config("tiny-llama"), torch_dtype="float16")
+    scenario = scenario_from_values(task="causal-lm", batch_size=1, seq_len=8, device="cpu")
+    assert {p.dtype for p in build_model(config, scenario).parameters()} == {torch.float32}

@@ -1,0 +1,98 @@
+"""What a simulated (FakeTensorMode) training step needs so it takes the real run's path.
+
+Two context managers, each active only for the duration of one simulated step:
+
+- `all_ones_padding_masks()`: transformers (5.x, masking_utils) decides whether it may drop
+  the 2-D `attention_mask` with checks that read its values (`fast_all(padding_mask)`,
+  `padding_mask.all()`), and skips those checks, answering "keep the mask", whenever
+  `is_tracing(padding_mask)` is true, which it is for every FakeTensor
+  (`utils.import_utils.is_tracing` ORs in `is_fake_tensor`). A real run on an unpadded
+  batch drops the mask; a simulated one would materialise a (b, 1, s, s) mask, and because
+  `integrations.sdpa_attention.use_gqa_in_sdpa` needs `attention_mask is None`, also
+  `repeat_kv` the keys and values of grouped-query attention, and pass `is_causal=False`.
+  ../shared/DESIGN.md (Known facts) measured this as +b·a·s²·4 bytes at an OPT peak.
+  The two predicates that make the decision for SDPA, `_ignore_causal_mask_sdpa` and
+  `_ignore_bidirectional_mask_sdpa`, are wrapped so that a fake padding mask is passed as
+  `None`: for an all-ones mask every branch of both predicates then answers exactly as the
+  real values would ("no token is padded"), and nothing else reads the values. Everything
+  downstream (`sdpa_attention_forward`'s GQA choice and `is_causal`) follows from the mask
+  being `None`, so it needs no patch. The eager path never drops the causal mask; it only
+  combines the padding mask elementwise, which fake tensors do as real ones do.
+  Contract: inside this context every fake padding mask is all ones. The simulator only
+  builds batches it has checked to be all ones (`runners.simulate_measure`).
+
+- `scalar_stand_ins()`: `.item()` on a fake tensor has no value (FakeTensorMode raises
+  DataDependentOutputException). torch's Adafactor reads its step counter and parameter /
+  update norms with `.item()` to compute Python-float step sizes. A stand-in value changes
+  those scalars but no tensor's shape, dtype or lifetime, so memory bookkeeping is exact.
+  Only floating-point scalars are stood in: an integer or boolean `.item()` usually steers
+  control flow (how much to allocate, which path to take), and guessing it would silently
+  simulate a different run, so it still raises.
+
+Known limitations: the mask patch targets the SDPA/eager mask helpers of transformers 5.x
+`masking_utils`; other value-reading shortcuts (packed-sequence detection when no
+attention_mask is given, the recurrent-layer mask of hybrid models, the flex-attention
+mask) still see a fake tensor as "tracing". The simulator always passes an attention_mask
+and supports sdpa/eager only, so they are not reached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+STAND_IN_FLOAT = 1.0  # positive and finite: every Adafactor formula that reads a scalar stays defined
+
+
+def _without_fake_padding_mask(predicate, mask_position: int = 0):
+    @functools.wraps(predicate)
+    def wrapper(*args, **kwargs):
+        if "padding_mask" in kwargs:
+            if isinstance(kwargs["padding_mask"], FakeTensor):
+                kwargs["padding_mask"] = None
+        elif len(args) > mask_position and isinstance(args[mask_position], FakeTensor):
+            args = args[:mask_position] + (None,) + args[mask_position + 1:]
+        return predicate(*args, **kwargs)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def all_ones_padding_masks():
+    """Let transformers drop fake all-ones padding masks as it drops real ones (see module doc)."""
+    from transformers import masking_utils
+
+    originals = {name: getattr(masking_utils, name)
+                 for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa")}
+    try:
+        for name, predicate in originals.items():
+            setattr(masking_utils, name, _without_fake_padding_mask(predicate))
+        yield
+    finally:
+        for name, predicate in originals.items():
+            setattr(masking_utils, name, predicate)
+
+
+class _ScalarStandIns(TorchDispatchMode):
+    """Answers `.item()` on floating-point fake tensors with STAND_IN_FLOAT (see module doc)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._local_scalar_dense.default:
+            (tensor,) = args
+            # A fake tensor that still carries its constant answers with the real value.
+            if (isinstance(tensor, FakeTensor) and tensor.dtype.is_floating_point
+                    and getattr(tensor, "constant", None) is None):
+                return STAND_IN_FLOAT
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def scalar_stand_ins():
+    """Enter after (inside) the FakeTensorMode, so `.item()` reaches this mode first."""
+    with _ScalarStandIns():
+        yield
