@@ -24,9 +24,8 @@ from planner.config_source import resolve_config  # noqa: E402
 from planner.estimate import estimate  # noqa: E402
 from planner.loading import model_shape_for_config  # noqa: E402
 from planner.scenario import scenario_from_values  # noqa: E402
-from runners.cpu_measure import measure_steady_state_step  # noqa: E402
-from runners.model_factory import build_model, synthetic_batch  # noqa: E402
-from runners.optimizers import build_optimizer  # noqa: E402
+from runners.measure import measure_in_process  # noqa: E402
+from runners.request import Mode  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CLS = "sequence-classification"
@@ -52,22 +51,18 @@ def run_one(source: str, values: dict) -> dict:
     scenario = scenario_from_values(device="cpu", **values)
     config, name = resolve_config(source, base_dir=ROOT)
     planned = estimate(model_shape_for_config(config, scenario.task, scenario.num_labels, name), scenario)
-    model = build_model(config, scenario)
-    optimizer = build_optimizer(model, scenario.optimizer)
-    batches = [synthetic_batch(config, scenario, seed=i) for i in range(scenario.grad_accum_steps)]
     started = time.perf_counter()
-    measured = measure_steady_state_step(model, optimizer, batches, scenario)
+    measured = measure_in_process(config, name, dict(device="cpu", **values), Mode.CPU)["measured"]
     seconds = time.perf_counter() - started
-    del model, optimizer, batches
     gc.collect()
     technique = ", ".join(f"{k}={v}" for k, v in values.items() if k not in ("task", "batch_size", "seq_len")) or "adamw, fp32"
     return {
         "model": name, "task": scenario.task.value, "batch": scenario.batch_size, "seq": scenario.seq_len,
-        "technique": technique, "estimated_peak_bytes": planned.peak_bytes, "measured_peak_bytes": measured.peak_bytes,
-        "error_pct": 100 * (planned.peak_bytes - measured.peak_bytes) / measured.peak_bytes,
+        "technique": technique, "estimated_peak_bytes": planned.peak_bytes, "measured_peak_bytes": measured["peak_bytes"],
+        "error_pct": 100 * (planned.peak_bytes - measured["peak_bytes"]) / measured["peak_bytes"],
         "estimated_phase": planned.peak_phase.value,
         "estimated_state_bytes": planned.optimizer_state_bytes,
-        "measured_state_bytes": measured.by_category.get("optimizer_state", 0), "seconds": seconds,
+        "measured_state_bytes": measured["optimizer_state_bytes"], "seconds": seconds,
     }
 
 

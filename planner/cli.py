@@ -20,12 +20,12 @@ from planner.units import format_bytes
 EXIT_BAD_INPUT = 2
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's default prints the whole usage
         raise PlannerInputError(f"{message} (see `python -m planner {self.prog.split()[-1]} --help`)")
 
 
-def _add_scenario_flags(parser: argparse.ArgumentParser) -> None:
+def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="catalog name (see `catalog`) or path to a config.json")
     parser.add_argument("--task", required=True, choices=[t.value for t in Task])
     parser.add_argument("--num-labels", default="2", help="classes for sequence classification (default 2)")
@@ -43,10 +43,10 @@ def _add_scenario_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="planner", description="Training memory estimates from a model config.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    parser = OneLineParser(prog="planner", description="Training memory estimates from a model config.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     one = commands.add_parser("estimate", help="estimate one scenario")
-    _add_scenario_flags(one)
+    add_scenario_flags(one)
     one.add_argument("--json", action="store_true", help="print one JSON object (integer bytes)")
     many = commands.add_parser("batch", help="estimate one scenario per line of a JSONL file")
     many.add_argument("file", help="JSONL file, one scenario object per line")

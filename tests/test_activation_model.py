@@ -8,9 +8,8 @@ from conftest import tiny_config
 from planner.estimate import estimate
 from planner.loading import model_shape_for_config
 from planner.scenario import scenario_from_values
-from runners.cpu_measure import measure_steady_state_step
-from runners.model_factory import build_model, synthetic_batch
-from runners.optimizers import build_optimizer
+from runners.measure import measure_in_process
+from runners.request import Mode
 
 TOLERANCE = 0.03
 
@@ -32,12 +31,10 @@ def test_peak_within_tolerance_of_measured_cpu_run(name, task, overrides):
     config = tiny_config(name)
     values = {"task": task, "batch_size": 4, "seq_len": 128, "device": "cpu", **overrides}
     scenario = scenario_from_values(**values)
-    model = build_model(config, scenario)
-    optimizer = build_optimizer(model, scenario.optimizer)
-    batches = [synthetic_batch(config, scenario, seed=i) for i in range(scenario.grad_accum_steps)]
-    measured = measure_steady_state_step(model, optimizer, batches, scenario)
+    measured = measure_in_process(config, name, values, Mode.CPU)["measured"]
 
     planned = estimate(model_shape_for_config(config, scenario.task, 2, name), scenario)
-    assert planned.weights_bytes == measured.by_category.get("weights", 0) or planned.peak_phase.value != "optimizer-step"
-    assert abs(planned.peak_bytes - measured.peak_bytes) / measured.peak_bytes <= TOLERANCE, (
-        planned.peak_bytes, measured.peak_bytes, measured.by_category)
+    assert planned.weights_bytes == measured["weights_bytes"]
+    assert planned.optimizer_state_bytes == measured["optimizer_state_bytes"]
+    assert abs(planned.peak_bytes - measured["peak_bytes"]) / measured["peak_bytes"] <= TOLERANCE, (
+        planned.peak_bytes, measured)

@@ -11,12 +11,9 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
 from conftest import tiny_config
-from planner.scenario import scenario_from_values
-from runners import fake_mode_patches, simulate_measure
-from runners.cpu_measure import measure_steady_state_step
-from runners.model_factory import build_model, synthetic_batch
-from runners.optimizers import build_optimizer
-from runners.simulate_measure import measure_simulated_step
+from runners import fake_mode_patches
+from runners.measure import measure_in_process
+from runners.request import Mode
 
 CATALOG = Path(__file__).resolve().parents[1] / "planner" / "catalog"
 GiB = 2**30
@@ -40,14 +37,11 @@ CASES = [
 
 
 def _scenario(task, **overrides):
-    return scenario_from_values(task=task, batch_size=4, seq_len=128, device="cpu", **overrides)
+    return dict(task=task, batch_size=4, seq_len=128, device="cpu", **overrides)
 
 
-def _real(config, scenario):
-    model = build_model(config, scenario)
-    optimizer = build_optimizer(model, scenario.optimizer)
-    batches = [synthetic_batch(config, scenario, seed=i) for i in range(scenario.grad_accum_steps)]
-    return measure_steady_state_step(model, optimizer, batches, scenario)
+def _measured(config, scenario, mode):
+    return measure_in_process(config, "tiny", scenario, mode)["measured"]
 
 
 @pytest.mark.parametrize("name,task,overrides", CASES,
@@ -55,10 +49,12 @@ def _real(config, scenario):
 def test_simulated_step_equals_real_cpu_step_to_the_byte(name, task, overrides):
     config = tiny_config(name)
     scenario = _scenario(task, **overrides)
-    real = _real(config, scenario)
-    simulated = measure_simulated_step(config, scenario)
-    assert simulated.peak_bytes == real.peak_bytes
-    assert simulated.by_category == real.by_category
+    real = _measured(config, scenario, Mode.CPU)
+    simulated = _measured(config, scenario, Mode.SIMULATE)
+    assert real["peak_bytes"] > 0
+    for key in ("peak_bytes", "peak_phase", "weights_bytes", "gradients_bytes", "optimizer_state_bytes",
+                "activations_bytes", "temporaries_bytes"):
+        assert simulated[key] == real[key], key
 
 
 def test_without_the_mask_patch_gqa_simulation_takes_another_path(monkeypatch):
@@ -70,10 +66,10 @@ def test_without_the_mask_patch_gqa_simulation_takes_another_path(monkeypatch):
 
     config = tiny_config("tiny-llama")
     scenario = _scenario("causal-lm")
-    patched = measure_simulated_step(config, scenario)
-    monkeypatch.setattr(simulate_measure, "all_ones_padding_masks", contextlib.nullcontext)
-    unpatched = measure_simulated_step(config, scenario)
-    assert unpatched.peak_bytes > patched.peak_bytes
+    patched = _measured(config, scenario, Mode.SIMULATE)
+    monkeypatch.setattr(fake_mode_patches, "all_ones_padding_masks", contextlib.nullcontext)
+    unpatched = _measured(config, scenario, Mode.SIMULATE)
+    assert unpatched["peak_bytes"] > patched["peak_bytes"]
 
 
 def test_mask_patch_is_scoped_to_its_context():
@@ -101,16 +97,13 @@ def test_scalar_stand_ins_cover_floats_only():
 
 def test_llama_2_7b_step_is_simulated_without_allocating_it():
     config = json.loads((CATALOG / "llama-2-7b.json").read_text())
-    # The catalog file says torch_dtype float16, which build_model would honour; the plan
-    # checked here is fp32 (27 GB of weights).
-    config.pop("torch_dtype")
-    scenario = scenario_from_values(task="causal-lm", batch_size=1, seq_len=128, device="cpu",
-                                    gradient_checkpointing=True)
-    simulated = measure_simulated_step(config, scenario)
+    # The catalog file says torch_dtype float16; runs build fp32 masters regardless (27 GB of weights).
+    scenario = dict(task="causal-lm", batch_size=1, seq_len=128, device="cpu", gradient_checkpointing=True)
+    simulated = _measured(config, scenario, Mode.SIMULATE)
 
     parameters = 6_738_415_616  # Llama-2-7B
-    assert simulated.by_category["weights"] >= 4 * parameters
-    assert simulated.by_category["optimizer_state"] >= 8 * parameters  # AdamW exp_avg + exp_avg_sq
-    assert simulated.peak_bytes > 100 * 10**9
+    assert simulated["weights_bytes"] >= 4 * parameters
+    assert simulated["optimizer_state_bytes"] >= 8 * parameters  # AdamW exp_avg + exp_avg_sq
+    assert simulated["peak_bytes"] > 100 * 10**9
     # ru_maxrss is the process's high-water mark in KiB on Linux, whatever ran before.
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 < 4 * GiB

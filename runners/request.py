@@ -1,0 +1,77 @@
+"""What a verification run is asked to do, and what it answers: plain JSON-able data,
+because it crosses a process boundary (the run executes in a child process).
+
+A `VerifyRequest` names a scenario (the planner's values), the model config, the
+measurement mode and the training engine. The child answers with progress events and
+one result (runners.measure.execute builds it).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+
+from planner.errors import PlannerInputError
+from planner.scenario import Scenario, parse_enum, scenario_from_values
+
+
+class Mode(enum.Enum):
+    AUTO = "auto"  # cuda when available, else cpu when it fits in free RAM, else simulate
+    CUDA = "cuda"  # torch.cuda.max_memory_allocated over the steady-state step
+    CPU = "cpu"  # torch MemTracker over real tensors
+    SIMULATE = "simulate"  # torch MemTracker under FakeTensorMode: nothing allocated
+
+
+class Engine(enum.Enum):
+    ACCELERATE = "accelerate"  # the lessons' Accelerator loop (accumulate, backward, LocalSGD)
+    TRAINER = "trainer"  # transformers' Trainer with TrainingArguments
+
+
+# Trainer reads loss values and token counts with .item() (logging, num_items_in_batch):
+# data that fake tensors do not have. The Accelerate loop reads none.
+SIMULATE_NEEDS_ACCELERATE = ("simulate mode runs the Accelerate loop only (the Trainer reads loss values, which "
+                             "fake tensors do not have): use --engine accelerate, or --mode cpu/cuda for the Trainer")
+
+# Faults a test can ask the child to stage, so every failure path runs for real.
+INJECTABLE_FAULTS = ("hang", "sigkill-self", "import-error", "raise", "cuda-oom")
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    config: dict  # the model's config.json content
+    model_name: str
+    scenario: dict  # planner scenario values: task, batch_size, seq_len, optimizer, ... (underscore names)
+    mode: Mode = Mode.AUTO
+    engine: Engine = Engine.ACCELERATE
+    steps: int = 3  # optimizer steps; step 1 builds optimizer state, the last one is measured
+    local_sgd_steps: int | None = None
+    seed: int = 0
+    inject_fault: str | None = None  # tests only: one of INJECTABLE_FAULTS
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.steps, int) or isinstance(self.steps, bool) or not 2 <= self.steps <= 1000:
+            raise PlannerInputError(f"steps must be an integer from 2 to 1000 (step 1 creates the optimizer state), got {self.steps!r}")
+        if self.local_sgd_steps is not None and (not isinstance(self.local_sgd_steps, int) or self.local_sgd_steps < 1):
+            raise PlannerInputError(f"local SGD steps must be a positive integer, got {self.local_sgd_steps!r}")
+        if self.inject_fault is not None and self.inject_fault not in INJECTABLE_FAULTS:
+            raise PlannerInputError(f"unknown fault {self.inject_fault!r}: one of {', '.join(INJECTABLE_FAULTS)}")
+        if self.mode is Mode.SIMULATE and self.engine is Engine.TRAINER:
+            raise PlannerInputError(SIMULATE_NEEDS_ACCELERATE)
+        self.parsed_scenario()  # validates the scenario values now, in the caller's process
+
+    def parsed_scenario(self) -> Scenario:
+        return scenario_from_values(**self.scenario)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["mode"] = self.mode.value
+        data["engine"] = self.engine.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "VerifyRequest":
+        values = dict(data)
+        values["mode"] = parse_enum(Mode, values.get("mode", "auto"), "measurement mode")
+        values["engine"] = parse_enum(Engine, values.get("engine", "accelerate"), "engine")
+        return cls(**values)
