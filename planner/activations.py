@@ -49,6 +49,7 @@ class ActivationProfile:
     per_layer: tuple[ActivationTerm, ...]  # one block; multiply by num_layers
     head: tuple[ActivationTerm, ...]  # final norm, logits, loss
     checkpoint_input_bytes: int  # kept per block under gradient checkpointing (its input)
+    output_logits_bytes: int  # the logits the model returns; how long they live is the engine's doing
     loss_forward_transient_bytes: int  # fp32 logits copy alive while the loss runs
     loss_backward_transient_bytes: int  # gradients of the loss w.r.t. logits
     layer_backward_transient_bytes: int  # largest gradients alive inside one block's backward
@@ -254,11 +255,15 @@ def _head_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[Activa
                   ActivationTerm("MLM transform activation input", z.H * z.compute, "gelu saves its input")]
         terms += _layernorm(z, "MLM transform LayerNorm")
     terms += [_linear_input(z, z.H, "LM head input"),
-              ActivationTerm("logits (model output)", z.V * z.compute,
-                             "the lessons' loop keeps `outputs` alive through backward (Trainer drops it)"),
               ActivationTerm("log-softmax output (fp32)", z.V * FP32,
                              "cross_entropy upcasts logits to fp32 (ForCausalLMLoss) and log_softmax saves its result")]
     return terms
+
+
+def _output_logits_bytes(shape: ModelShape, scenario: Scenario, z: _Sizes) -> int:
+    """The logits in the model's output: b*s*V for language models, b*labels for classifiers."""
+    elements = z.V if scenario.task is not Task.SEQUENCE_CLASSIFICATION else scenario.batch_size * shape.num_labels
+    return elements * z.compute
 
 
 def activation_profile(shape: ModelShape, scenario: Scenario) -> ActivationProfile:
@@ -274,6 +279,7 @@ def activation_profile(shape: ModelShape, scenario: Scenario) -> ActivationProfi
         per_layer=block,
         head=tuple(_head_terms(shape, scenario, z)),
         checkpoint_input_bytes=z.H * z.residual,
+        output_logits_bytes=_output_logits_bytes(shape, scenario, z),
         loss_forward_transient_bytes=logits_upcast,
         loss_backward_transient_bytes=loss_backward,
         # Inside a block's backward the gradient of its largest intermediate and of its

@@ -14,7 +14,7 @@ from planner.catalog import catalog_entries
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.loading import load_model_shape
-from planner.scenario import Attention, Checkpointing, Device, Precision, Task, scenario_from_values
+from planner.scenario import Attention, Checkpointing, Device, Engine, Precision, Task, scenario_from_values
 from planner.units import format_bytes
 
 EXIT_BAD_INPUT = 2
@@ -39,6 +39,8 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grad-accum", default="1", help="micro-batches per optimizer step")
     parser.add_argument("--attn", default="sdpa", choices=[a.value for a in Attention])
     parser.add_argument("--device", default="cuda", choices=[d.value for d in Device])
+    parser.add_argument("--engine", default="accelerate", choices=[e.value for e in Engine],
+                        help="training loop: the lessons' Accelerate loop (default) or transformers' Trainer")
     parser.add_argument("--hub", action="store_true", help="allow fetching --config from the Hugging Face hub")
 
 
@@ -62,7 +64,7 @@ def estimate_from_values(values: dict, base_dir: Path | None = None, allow_hub: 
     if "task" not in values:
         raise PlannerInputError("scenario has no 'task': use sequence-classification, causal-lm or masked-lm")
     known = {"id", "config", "task", "num_labels", "batch_size", "seq_len", "optimizer", "precision",
-             "gradient_checkpointing", "grad_accum", "attn", "device"}
+             "gradient_checkpointing", "grad_accum", "attn", "device", "engine"}
     unknown = sorted(set(values) - known)
     if unknown:
         raise PlannerInputError(f"unknown scenario key(s) {', '.join(map(repr, unknown))}: allowed are {', '.join(sorted(known))}")
@@ -86,7 +88,8 @@ def format_table(result: Estimate) -> str:
         f"{result.model_name} ({result.architecture}, {result.num_parameters:,} parameters)",
         f"{s.task.value}, batch {s.batch_size} x {s.seq_len} tokens, {s.optimizer.value}, {s.precision.value}, "
         f"checkpointing {'on' if s.checkpointing is Checkpointing.EVERY_LAYER else 'off'}, "
-        f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}",
+        f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}, "
+        f"engine {s.engine.value}",
         "",
         f"{'category':<34}{'bytes':>18}  {'size (binary units)':>20}",
     ]
@@ -109,7 +112,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
         {"config": args.config, "task": args.task, "num_labels": args.num_labels, "batch_size": args.batch_size,
          "seq_len": args.seq_len, "optimizer": args.optimizer, "precision": args.precision,
          "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
-         "attn": args.attn, "device": args.device},
+         "attn": args.attn, "device": args.device, "engine": args.engine},
         base_dir=Path.cwd(), allow_hub=args.hub,
     )
     print(json.dumps(result.to_json()) if args.json else format_table(result))

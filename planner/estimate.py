@@ -21,7 +21,7 @@ from planner.errors import PlannerInputError
 from planner.model_shape import ArchFamily, ModelShape
 from planner.optimizer_state import optimizer_state_bytes, parameter_bytes_per_element
 from planner.optimizer_step import optimizer_step_transient_bytes
-from planner.scenario import Checkpointing, Optimizer, Precision, Scenario, Task
+from planner.scenario import Checkpointing, Engine, Optimizer, Precision, Scenario, Task
 
 
 class Phase(enum.Enum):
@@ -60,7 +60,7 @@ class Estimate:
     weights_bytes: int  # parameters plus registered buffers
     gradients_bytes: int
     optimizer_state_bytes: int
-    activations_bytes: int  # saved for backward at the end of one micro-batch's forward
+    activations_bytes: int  # saved for backward by one micro-batch's forward, plus its output logits
     phases: tuple[PhaseMemory, ...]
     profile: ActivationProfile
     confidence: Confidence
@@ -94,6 +94,7 @@ class Estimate:
                 "seq_len": s.seq_len, "optimizer": s.optimizer.value, "precision": s.precision.value,
                 "gradient_checkpointing": s.checkpointing is Checkpointing.EVERY_LAYER,
                 "grad_accum": s.grad_accum_steps, "attn": s.attention.value, "device": s.device.value,
+                "engine": s.engine.value,
             },
             "weights_bytes": self.weights_bytes,
             "gradients_bytes": self.gradients_bytes,
@@ -156,6 +157,13 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     checkpointed = scenario.checkpointing is Checkpointing.EVERY_LAYER
     early_gradients = gradients if scenario.grad_accum_steps > 1 else 0
 
+    # The lessons' loop (`outputs = model(...)`) keeps the previous micro-batch's outputs
+    # until the new forward returns, and the current ones through backward and the step;
+    # Trainer.compute_loss returns only the loss, so its outputs die before backward.
+    logits = profile.output_logits_bytes
+    lesson_loop = scenario.engine is Engine.ACCELERATE
+    logits_at_forward_end = 2 * logits if lesson_loop else logits
+    logits_after_forward = logits if lesson_loop else 0
     embedding_and_head = profile.embedding_bytes + profile.head_bytes
     if checkpointed:
         saved = embedding_and_head + layers * profile.checkpoint_input_bytes
@@ -170,16 +178,16 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         saved_at_backward_start = saved
         backward_late_activations = profile.embedding_bytes
     phases = (
-        PhaseMemory(Phase.FORWARD, weights, early_gradients, state, saved,
+        PhaseMemory(Phase.FORWARD, weights, early_gradients, state, saved + logits_at_forward_end,
                     forward_extra + profile.loss_forward_transient_bytes),
         max(
-            PhaseMemory(Phase.BACKWARD, weights, early_gradients, state, saved_at_backward_start,
+            PhaseMemory(Phase.BACKWARD, weights, early_gradients, state, saved_at_backward_start + logits_after_forward,
                         profile.loss_backward_transient_bytes),
-            PhaseMemory(Phase.BACKWARD, weights, gradients, state, backward_late_activations,
+            PhaseMemory(Phase.BACKWARD, weights, gradients, state, backward_late_activations + logits_after_forward,
                         profile.layer_backward_transient_bytes),
             key=lambda p: p.total,
         ),
-        PhaseMemory(Phase.OPTIMIZER_STEP, weights, gradients, state, 0,
+        PhaseMemory(Phase.OPTIMIZER_STEP, weights, gradients, state, logits_after_forward,
                     optimizer_step_transient_bytes(stats, scenario.optimizer, scenario.precision, scenario.device)),
     )
     notes = []
@@ -199,7 +207,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         weights_bytes=weights,
         gradients_bytes=gradients,
         optimizer_state_bytes=state,
-        activations_bytes=saved,
+        activations_bytes=saved + logits,
         phases=phases,
         profile=profile,
         confidence=confidence,

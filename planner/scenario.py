@@ -57,6 +57,13 @@ class Attention(enum.Enum):
     EAGER = "eager"
 
 
+class Engine(enum.Enum):
+    """The training loop, which decides how long the model's outputs (the logits) live."""
+
+    ACCELERATE = "accelerate"  # the lessons' loop: `outputs` lives until the next forward returns
+    TRAINER = "trainer"  # transformers' Trainer: compute_loss drops outputs before backward
+
+
 class Device(enum.Enum):
     CPU = "cpu"
     CUDA = "cuda"
@@ -107,6 +114,7 @@ class Scenario:
     attention: Attention = Attention.SDPA
     device: Device = Device.CUDA
     num_labels: int = 2  # only read for sequence classification
+    engine: Engine = Engine.ACCELERATE
 
     def __post_init__(self) -> None:
         _positive_int(self.batch_size, "batch size")
@@ -114,7 +122,8 @@ class Scenario:
         _positive_int(self.grad_accum_steps, "gradient accumulation steps")
         _positive_int(self.num_labels, "number of labels")
         for name, kind in (("task", Task), ("optimizer", Optimizer), ("precision", Precision),
-                           ("checkpointing", Checkpointing), ("attention", Attention), ("device", Device)):
+                           ("checkpointing", Checkpointing), ("attention", Attention), ("device", Device),
+                           ("engine", Engine)):
             if not isinstance(getattr(self, name), kind):
                 raise PlannerInputError(f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
 
@@ -158,6 +167,7 @@ def scenario_from_values(
     attn: str = "sdpa",
     device: str = "cuda",
     num_labels: object = 2,
+    engine: str = "accelerate",
 ) -> Scenario:
     """Scenario from user-facing names (CLI flags, JSONL keys, dashboard widgets)."""
     return Scenario(
@@ -173,4 +183,5 @@ def scenario_from_values(
         attention=parse_enum(Attention, attn, "attention implementation"),
         device=parse_enum(Device, device, "device"),
         num_labels=_as_int(num_labels, "number of labels"),
+        engine=parse_enum(Engine, engine, "engine"),
     )

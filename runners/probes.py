@@ -62,6 +62,7 @@ class _PhaseTimeline:
 class MemTrackerProbe:
     def __init__(self) -> None:
         self._tracker = None
+        self._optimizer = None
         self._timeline = _PhaseTimeline()
         self._started = 0.0
         self.result: StepMeasurement | None = None
@@ -69,6 +70,7 @@ class MemTrackerProbe:
     def begin(self, model: torch.nn.Module, optimizer) -> None:
         from torch.distributed._tools.mem_tracker import MemTracker
 
+        self._optimizer = optimizer
         self._tracker = MemTracker()
         self._tracker.track_external(model, optimizer)
         self._tracker.__enter__()
@@ -94,17 +96,27 @@ class MemTrackerProbe:
         for ref_type, value in snapshot.items():
             if ref_type != "Total":
                 breakdown[_CATEGORY[ref_type.value]] += value
+        # MemTracker files every tensor allocated inside optimizer.step() as optimizer
+        # state, the step's temporaries included; the state itself is what the optimizer holds.
+        state = _tensor_bytes(optimizer_state_tensors(self._optimizer))
+        if breakdown["optimizer_state"] > state:
+            breakdown["temporaries"] += breakdown["optimizer_state"] - state
+            breakdown["optimizer_state"] = state
         peak = snapshot["Total"]
         self.result = StepMeasurement(peak, self._timeline.phase_of(peak), breakdown, wall)
         return self.result
 
 
 def _tensor_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (shared storages count once).
+
+    Keyed by the storage's C++ object, which fake tensors have too (they have no data_ptr).
+    """
     seen, total = set(), 0
     for tensor in tensors:
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
+        if storage._cdata not in seen:
+            seen.add(storage._cdata)
             total += storage.nbytes()
     return total
 

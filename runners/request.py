@@ -12,7 +12,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 
 from planner.errors import PlannerInputError
-from planner.scenario import Scenario, parse_enum, scenario_from_values
+from planner.scenario import Engine, Scenario, parse_enum, scenario_from_values
 
 
 class Mode(enum.Enum):
@@ -20,11 +20,6 @@ class Mode(enum.Enum):
     CUDA = "cuda"  # torch.cuda.max_memory_allocated over the steady-state step
     CPU = "cpu"  # torch MemTracker over real tensors
     SIMULATE = "simulate"  # torch MemTracker under FakeTensorMode: nothing allocated
-
-
-class Engine(enum.Enum):
-    ACCELERATE = "accelerate"  # the lessons' Accelerator loop (accumulate, backward, LocalSGD)
-    TRAINER = "trainer"  # transformers' Trainer with TrainingArguments
 
 
 # Trainer reads loss values and token counts with .item() (logging, num_items_in_batch):
@@ -61,7 +56,8 @@ class VerifyRequest:
         self.parsed_scenario()  # validates the scenario values now, in the caller's process
 
     def parsed_scenario(self) -> Scenario:
-        return scenario_from_values(**self.scenario)
+        """The scenario this run trains: its engine is the request's."""
+        return scenario_from_values(**{**self.scenario, "engine": self.engine.value})
 
     def to_json(self) -> dict:
         data = asdict(self)
