@@ -81,6 +81,7 @@ class _Sizes:
     V: int  # b*s*vocab: logits
     seq: int
     compute: int  # bytes per element of linear/attention/activation tensors
+    autocast: bool
     residual: int  # bytes per element of the residual stream and LayerNorm inputs
     cuda: bool
 
@@ -100,6 +101,7 @@ def _sizes(shape: ModelShape, scenario: Scenario) -> _Sizes:
         V=b * s * shape.vocab_size,
         seq=s,
         compute=compute,
+        autocast=scenario.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED),
         residual=residual,
         cuda=scenario.device is Device.CUDA,
     )
@@ -167,8 +169,15 @@ def _rmsnorm(z: _Sizes, name: str) -> list[ActivationTerm]:
             ActivationTerm(f"{name} rsqrt", z.T * FP32, "mul saves rsqrt(var + eps)")]
 
 
-def _linear_input(z: _Sizes, elements: int, name: str) -> ActivationTerm:
-    return ActivationTerm(name, elements * z.compute, "linear saves its input (autocast saves the 16-bit copy)")
+def _linear_input(z: _Sizes, elements: int, name: str, consumers: int = 1) -> ActivationTerm:
+    """What the linear layers reading one tensor save of it.
+
+    Without autocast they all save the same tensor. Autocast casts the input once per
+    linear (its cache holds only leaf tensors, i.e. weights), so each of `consumers`
+    linears saves its own 16-bit copy (measured: tests/test_activation_model.py).
+    """
+    copies = consumers if z.autocast else 1
+    return ActivationTerm(name, copies * elements * z.compute, "linear saves its input (autocast: one 16-bit copy per linear)")
 
 
 def _plain_mlp(shape: ModelShape, z: _Sizes) -> list[ActivationTerm]:
@@ -183,7 +192,7 @@ def _plain_mlp(shape: ModelShape, z: _Sizes) -> list[ActivationTerm]:
 def _gated_mlp(shape: ModelShape, z: _Sizes) -> list[ActivationTerm]:
     # down(act(gate(x)) * up(x)): act saves gate(x); mul saves act(...) and up(x); down saves the product.
     return [
-        _linear_input(z, z.H, "MLP input (gate/up input)"),
+        _linear_input(z, z.H, "MLP input (gate/up input)", consumers=2),
         ActivationTerm("gate projection", z.I * z.compute, "activation saves its input"),
         ActivationTerm("activated gate", z.I * z.compute, "mul saves both factors"),
         ActivationTerm("up projection", z.I * z.compute, "mul saves both factors"),
@@ -196,7 +205,13 @@ def _block_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[Activ
     qkv = [ActivationTerm("q, k, v projections", (z.Q + 2 * z.KV) * z.compute, "attention saves q, k, v")]
     # Rotary embeddings (q*cos + rotate_half(q)*sin) save only cos and sin: mul saves the
     # other factor, and cos/sin do not require grad. Their cost is counted once per model.
-    attention = [_linear_input(z, z.H, "q/k/v projection input")] + qkv
+    # GPT-2 (c_attn) and GPT-NeoX (query_key_value) project q, k, v with one fused linear;
+    # Phi's q, k, v and fc1 all read the same LayerNorm output.
+    fused_qkv = family in (ArchFamily.GPT2, ArchFamily.GPT_NEOX)
+    readers = 1 if fused_qkv else 3
+    if family is ArchFamily.PHI:
+        readers += 1
+    attention = [_linear_input(z, z.H, "q/k/v projection input", consumers=readers)] + qkv
     core = _attention_core(shape, scenario, z)
     attention += core
     if _math_path(shape, scenario, z):
@@ -261,9 +276,13 @@ def _head_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[Activa
 
 
 def _output_logits_bytes(shape: ModelShape, scenario: Scenario, z: _Sizes) -> int:
-    """The logits in the model's output: b*s*V for language models, b*labels for classifiers."""
+    """The logits in the model's output: b*s*V for language models, b*labels for classifiers.
+
+    Under mixed precision Accelerate wraps forward in `convert_outputs_to_fp32`
+    (accelerate.utils.operations), so the returned logits are an fp32 copy.
+    """
     elements = z.V if scenario.task is not Task.SEQUENCE_CLASSIFICATION else scenario.batch_size * shape.num_labels
-    return elements * z.compute
+    return elements * (FP32 if z.autocast else z.compute)
 
 
 def activation_profile(shape: ModelShape, scenario: Scenario) -> ActivationProfile:

@@ -148,7 +148,9 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     check_scenario_fits_model(shape, scenario)
     stats = shape.stats
     element = parameter_bytes_per_element(scenario.precision)
-    weights = (stats.num_elements + shape.float_buffer_elements) * element + shape.other_buffer_bytes
+    # Runs build pure-bf16 models with from_config(dtype=bfloat16): buffers made with an
+    # explicit dtype (rotary inv_freq is `.float()`) stay fp32, so buffers keep their size.
+    weights = stats.num_elements * element + shape.float_buffer_elements * 4 + shape.other_buffer_bytes
     gradients = stats.num_elements * element
     state = optimizer_state_bytes(stats, scenario.optimizer, scenario.precision)
     profile = activation_profile(shape, scenario)

@@ -126,8 +126,8 @@ class ModelShape:
     embedding_dropout: float
     rotary_fraction: float  # share of head_dim that rotary embeddings rotate (0 when none)
     tied_embeddings: bool
-    # Registered buffers (position ids, rotary inv_freq), counted with the weights. Floating
-    # ones follow the model's dtype under pure bf16 (`model.to(torch.bfloat16)`); integer ones keep theirs.
+    # Registered buffers (position ids, rotary inv_freq), counted with the weights at the
+    # dtype they are built in (fp32 for floating ones, whatever the precision).
     float_buffer_elements: int
     other_buffer_bytes: int
     embedding_elements: int  # nn.Embedding weights: looked up, never multiplied, so autocast never copies them

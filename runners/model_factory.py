@@ -28,11 +28,12 @@ def build_model(config_dict: dict, scenario: Scenario, seed: int = 0) -> torch.n
     torch.manual_seed(seed)
     auto_class = getattr(transformers, _AUTO_CLASS[scenario.task])
     # An explicit dtype: transformers 5 otherwise builds in the config's `torch_dtype`
-    # (float16 for many published configs), and training keeps fp32 master weights.
+    # (float16 for many published configs); training keeps fp32 master weights, or pure
+    # bf16 ones. Built in that dtype rather than converted: a fake-tensor model (simulate
+    # mode) cannot be converted in place.
+    dtype = torch.bfloat16 if scenario.precision is Precision.BF16 else torch.float32
     model = auto_class.from_config(config, attn_implementation=scenario.attention.value,
-                                   trust_remote_code=False, dtype=torch.float32)
-    if scenario.precision is Precision.BF16:
-        model = model.to(torch.bfloat16)
+                                   trust_remote_code=False, dtype=dtype)
     if scenario.checkpointing is Checkpointing.EVERY_LAYER:
         model.gradient_checkpointing_enable()
     model.train()
