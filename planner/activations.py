@@ -53,6 +53,7 @@ class ActivationProfile:
     loss_forward_transient_bytes: int  # fp32 logits copy alive while the loss runs
     loss_backward_transient_bytes: int  # gradients of the loss w.r.t. logits
     layer_backward_transient_bytes: int  # largest gradients alive inside one block's backward
+    block_backward_start_transient_bytes: int  # entering the last block's backward
 
     @property
     def per_layer_bytes(self) -> int:
@@ -136,21 +137,33 @@ def _math_path(shape: ModelShape, scenario: Scenario, z: _Sizes) -> bool:
 
 
 def _attention_core(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[ActivationTerm]:
-    """What the attention kernel saves beyond q, k, v."""
+    """What attention saves: q, k, v and what its kernel keeps."""
     dropout = shape.attention_dropout
-    if _math_path(shape, scenario, z):
-        # Eager (and CPU SDPA with dropout, which falls back to the math kernel) keep the
-        # softmax output, the dropout mask and the dropped probabilities (Korthikanti 5as^2b).
+    qkv_elements = z.Q + 2 * z.KV
+    if scenario.attention is Attention.SDPA and _math_path(shape, scenario, z):
+        # CPU SDPA with dropout falls back to the math kernel, which computes in fp32 (its
+        # "opmath" type) whatever the input dtype: fp32 copies of q, k, v, the softmax
+        # output, the dropout mask and the dropped probabilities (Korthikanti's 5as^2b, at
+        # 4 bytes each). Measured: GPT-2/DistilBERT shapes, fp32 and bf16.
+        return [
+            ActivationTerm("q, k, v (fp32 in the math kernel)", qkv_elements * FP32, "math SDPA saves q, k, v"),
+            ActivationTerm("attention probabilities (softmax output)", z.S2 * FP32, "softmax saves its output"),
+            ActivationTerm("attention-probability dropout mask", z.S2 * FP32, "input-sized on CPU (_dropout_impl)"),
+            ActivationTerm("dropped probabilities (P@V input)", z.S2 * FP32, "matmul(P, V) saves P"),
+        ]
+    terms = [ActivationTerm("q, k, v projections", qkv_elements * z.compute, "attention saves q, k, v")]
+    if scenario.attention is Attention.EAGER:
+        # Transformers' eager attention: softmax in fp32 (or the input dtype), dropout, P@V.
         softmax_bytes = FP32 if scenario.precision is not Precision.BF16 else 2
-        terms = [ActivationTerm("attention probabilities (softmax output)", z.S2 * softmax_bytes,
-                                "eager attention saves softmax output for its backward")]
+        terms.append(ActivationTerm("attention probabilities (softmax output)", z.S2 * softmax_bytes,
+                                    "eager attention saves softmax output for its backward"))
         if dropout > 0:
             terms += _dropout(z, dropout, z.S2, softmax_bytes, "attention-probability dropout mask")
             terms.append(ActivationTerm("dropped probabilities (P@V input)", z.S2 * z.compute,
                                         "matmul(P, V) saves P"))
         return terms
     # Flash / memory-efficient SDPA (CUDA, and CPU without dropout): output and log-sum-exp.
-    return [
+    return terms + [
         ActivationTerm("attention output (SDPA)", z.Q * z.compute, "SDPA flash/efficient backward needs out"),
         ActivationTerm("log-sum-exp (SDPA)", z.LSE * FP32, "SDPA flash/efficient saves logsumexp (fp32)"),
     ]
@@ -202,7 +215,6 @@ def _gated_mlp(shape: ModelShape, z: _Sizes) -> list[ActivationTerm]:
 
 def _block_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[ActivationTerm]:
     family = shape.family
-    qkv = [ActivationTerm("q, k, v projections", (z.Q + 2 * z.KV) * z.compute, "attention saves q, k, v")]
     # Rotary embeddings (q*cos + rotate_half(q)*sin) save only cos and sin: mul saves the
     # other factor, and cos/sin do not require grad. Their cost is counted once per model.
     # GPT-2 (c_attn) and GPT-NeoX (query_key_value) project q, k, v with one fused linear;
@@ -211,7 +223,7 @@ def _block_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[Activ
     readers = 1 if fused_qkv else 3
     if family is ArchFamily.PHI:
         readers += 1
-    attention = [_linear_input(z, z.H, "q/k/v projection input", consumers=readers)] + qkv
+    attention = [_linear_input(z, z.H, "q/k/v projection input", consumers=readers)]
     core = _attention_core(shape, scenario, z)
     attention += core
     if _math_path(shape, scenario, z):
@@ -289,10 +301,17 @@ def activation_profile(shape: ModelShape, scenario: Scenario) -> ActivationProfi
     z = _sizes(shape, scenario)
     block = tuple(_block_terms(shape, scenario, z))
     is_lm = scenario.task is not Task.SEQUENCE_CLASSIFICATION
-    logits_upcast = z.V * FP32 if (is_lm and z.compute != FP32) else 0
+    # While the loss runs, the 16-bit logits and their fp32 copy (`logits.float()` in
+    # ForCausalLMLoss) coexist; under autocast the output then becomes that fp32 copy's
+    # twin (convert_outputs_to_fp32), so the extra is the 16-bit logits; in pure bf16 it
+    # is the fp32 copy. fp32 runs make no copy.
+    if not is_lm or z.compute == FP32:
+        logits_upcast = 0
+    else:
+        logits_upcast = z.V * (z.compute if z.autocast else FP32)
     # Loss backward: nll_loss's dense fp32 gradient and log_softmax's input gradient coexist.
     loss_backward = 2 * z.V * FP32 if is_lm else 0
-    biggest_block_tensor = max(z.I, z.S2 if scenario.attention is Attention.EAGER else 0, z.H)
+    biggest_block_tensor = max(z.I, z.S2 if _math_path(shape, scenario, z) else 0, z.H)
     return ActivationProfile(
         embedding=tuple(_embedding_terms(shape, z)),
         per_layer=block,
@@ -301,7 +320,11 @@ def activation_profile(shape: ModelShape, scenario: Scenario) -> ActivationProfi
         output_logits_bytes=_output_logits_bytes(shape, scenario, z),
         loss_forward_transient_bytes=logits_upcast,
         loss_backward_transient_bytes=loss_backward,
-        # Inside a block's backward the gradient of its largest intermediate and of its
-        # input coexist with the incoming gradient.
-        layer_backward_transient_bytes=2 * biggest_block_tensor * z.compute + z.H * z.residual,
+        # Inside a block's backward the gradients of its largest intermediate (output and
+        # input of the op) coexist: 2 x I measured on a checkpointed DistilBERT shape.
+        layer_backward_transient_bytes=2 * biggest_block_tensor * z.compute,
+        # Entering the last block: the incoming gradient, the residual branch's and the
+        # norm's input gradient, less the norm input and MLP input freed: +2H measured
+        # on DistilBERT shapes (fp32 and bf16).
+        block_backward_start_transient_bytes=2 * z.H * z.residual,
     )

@@ -121,14 +121,30 @@ _PEAK_REASONS = {
 }
 
 
-def _autocast_weight_copy_bytes(shape: ModelShape, scenario: Scenario) -> int:
-    """16-bit copies autocast makes of every matmul weight (cached, and saved by linear)."""
+def _autocast_weight_copy_bytes(shape: ModelShape, scenario: Scenario) -> tuple[int, int]:
+    """16-bit copies autocast makes of matmul weights: (inside the blocks, in the head).
+
+    Autocast caches one copy per weight until its context exits, and `linear` saves it
+    for backward. Embedding tables are looked up, not multiplied, so never copied, except
+    a tied LM head that multiplies by the embedding.
+    """
     if scenario.precision not in (Precision.BF16_MIXED, Precision.FP16_MIXED):
-        return 0
-    matmul_weights = sum(p.numel for p in shape.params if len(p.shape) >= 2) - shape.embedding_elements
+        return 0, 0
+    stats = shape.stats
+    head = stats.matmul_elements - stats.block_matmul_elements - shape.embedding_elements
     if shape.tied_embeddings and scenario.task is not Task.SEQUENCE_CLASSIFICATION:
-        matmul_weights += shape.vocab_size * shape.hidden_size  # tied LM head multiplies by the embedding
-    return 2 * max(matmul_weights, 0)
+        head += shape.vocab_size * shape.hidden_size
+    return 2 * stats.block_matmul_elements, 2 * max(head, 0)
+
+
+def _head_gradient_elements(shape: ModelShape, scenario: Scenario) -> int:
+    """Gradients that backward creates before reaching the blocks: the head's (final norm,
+    classifier or LM head, and the tied embedding the LM head shares)."""
+    stats = shape.stats
+    head = stats.num_elements - stats.block_elements - shape.embedding_elements
+    if shape.tied_embeddings and scenario.task is not Task.SEQUENCE_CLASSIFICATION:
+        head += shape.vocab_size * shape.hidden_size
+    return max(head, 0)
 
 
 def check_scenario_fits_model(shape: ModelShape, scenario: Scenario) -> None:
@@ -154,10 +170,14 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     gradients = stats.num_elements * element
     state = optimizer_state_bytes(stats, scenario.optimizer, scenario.precision)
     profile = activation_profile(shape, scenario)
-    weight_copies = _autocast_weight_copy_bytes(shape, scenario)
+    block_copies, head_copies = _autocast_weight_copy_bytes(shape, scenario)
     layers = shape.num_layers
-    checkpointed = scenario.checkpointing is Checkpointing.EVERY_LAYER
-    early_gradients = gradients if scenario.grad_accum_steps > 1 else 0
+    accumulating = scenario.grad_accum_steps > 1
+    # zero_grad(set_to_none=True): the first micro-batch starts without gradients; with
+    # accumulation every later one carries all of them.
+    early_gradients = gradients if accumulating else 0
+    head_gradients = gradients if accumulating else _head_gradient_elements(shape, scenario) * element
+    block_gradients = stats.block_elements // layers * element
 
     # The lessons' loop (`outputs = model(...)`) keeps the previous micro-batch's outputs
     # until the new forward returns, and the current ones through backward and the step;
@@ -165,31 +185,45 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     logits = profile.output_logits_bytes
     lesson_loop = scenario.engine is Engine.ACCELERATE
     logits_at_forward_end = 2 * logits if lesson_loop else logits
-    logits_after_forward = logits if lesson_loop else 0
-    embedding_and_head = profile.embedding_bytes + profile.head_bytes
-    if checkpointed:
-        saved = embedding_and_head + layers * profile.checkpoint_input_bytes
-        forward_extra = weight_copies  # autocast's cache lives until the forward's autocast exits
-        saved_at_backward_start = saved
-        # Late in backward: all gradients, one block recomputed with its weight copies.
-        backward_late_activations = (profile.embedding_bytes + profile.checkpoint_input_bytes
-                                     + profile.per_layer_bytes + weight_copies // layers)
+    kept_logits = logits if lesson_loop else 0
+    block = profile.per_layer_bytes
+    if scenario.checkpointing is Checkpointing.EVERY_LAYER:
+        # Each block keeps only its input; backward recomputes one block at a time (with
+        # fresh weight copies under autocast). The head is not checkpointed.
+        saved = profile.embedding_bytes + layers * profile.checkpoint_input_bytes + profile.head_bytes + head_copies
+        forward_extra = block_copies  # autocast's cache lives until the forward returns
+        recompute = block + block_copies // layers
+        # Gradients grow and kept inputs shrink block by block: the extremes are the
+        # first block recomputed (the last one) and the last (the first one).
+        backward_candidates = (
+            (head_gradients, profile.embedding_bytes + layers * profile.checkpoint_input_bytes + recompute),
+            (head_gradients + (0 if accumulating else (layers - 1) * block_gradients),
+             profile.embedding_bytes + profile.checkpoint_input_bytes + recompute),
+        )
     else:
-        saved = embedding_and_head + layers * profile.per_layer_bytes + weight_copies
+        saved = profile.embedding_bytes + layers * block + profile.head_bytes + block_copies + head_copies
         forward_extra = 0
-        saved_at_backward_start = saved
-        backward_late_activations = profile.embedding_bytes
+        backward_candidates = (
+            (gradients, profile.embedding_bytes),  # the end: every gradient, little activation
+        )
+    backward_moments = [
+        # Loss gradients w.r.t. the logits, with everything saved still alive.
+        PhaseMemory(Phase.BACKWARD, weights, early_gradients, state, saved + kept_logits,
+                    profile.loss_backward_transient_bytes),
+    ]
+    if scenario.checkpointing is Checkpointing.NONE:
+        # Entering the last block: the head's activations freed, its gradients made.
+        backward_moments.append(PhaseMemory(Phase.BACKWARD, weights, head_gradients, state,
+                                            saved - profile.head_bytes - head_copies + kept_logits,
+                                            profile.block_backward_start_transient_bytes))
+    backward_moments += [PhaseMemory(Phase.BACKWARD, weights, grads, state, activations + kept_logits,
+                                     profile.layer_backward_transient_bytes)
+                         for grads, activations in backward_candidates]
     phases = (
         PhaseMemory(Phase.FORWARD, weights, early_gradients, state, saved + logits_at_forward_end,
                     forward_extra + profile.loss_forward_transient_bytes),
-        max(
-            PhaseMemory(Phase.BACKWARD, weights, early_gradients, state, saved_at_backward_start + logits_after_forward,
-                        profile.loss_backward_transient_bytes),
-            PhaseMemory(Phase.BACKWARD, weights, gradients, state, backward_late_activations + logits_after_forward,
-                        profile.layer_backward_transient_bytes),
-            key=lambda p: p.total,
-        ),
-        PhaseMemory(Phase.OPTIMIZER_STEP, weights, gradients, state, logits_after_forward,
+        max(backward_moments, key=lambda p: p.total),
+        PhaseMemory(Phase.OPTIMIZER_STEP, weights, gradients, state, kept_logits,
                     optimizer_step_transient_bytes(stats, scenario.optimizer, scenario.precision, scenario.device)),
     )
     notes = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from dataclasses import dataclass, field
 
 from planner.scenario import Task
@@ -69,13 +70,25 @@ class ParameterStats:
     bnb_large_elements: int
     bnb_large_tensors: int
     bnb_absmax_blocks: int  # sum of ceil(numel / 256) over the large tensors
+    # Parameters inside the repeated blocks (names with a block index, e.g. "layers.3."):
+    # their gradients appear block by block during backward, the rest (head) first.
+    block_elements: int
+    block_matmul_elements: int  # of which >= 2-D: the weights autocast copies
+    matmul_elements: int  # all >= 2-D parameters (embedding tables included)
+
+
+_BLOCK_INDEX = re.compile(r"\.\d+\.")
 
 
 def compute_parameter_stats(params: tuple[ParamTensor, ...]) -> ParameterStats:
-    factored = small = large = large_count = blocks = largest = total = 0
+    factored = small = large = large_count = blocks = largest = total = in_blocks = block_matmul = matmul = 0
     for tensor in params:
         numel = tensor.numel
         total += numel
+        matmul += numel if len(tensor.shape) >= 2 else 0
+        if _BLOCK_INDEX.search(tensor.name):
+            in_blocks += numel
+            block_matmul += numel if len(tensor.shape) >= 2 else 0
         largest = max(largest, numel)
         if len(tensor.shape) >= 2:
             factored += math.prod(tensor.shape[:-1]) + math.prod(tensor.shape[:-2]) * tensor.shape[-1]
@@ -96,6 +109,9 @@ def compute_parameter_stats(params: tuple[ParamTensor, ...]) -> ParameterStats:
         bnb_large_elements=large,
         bnb_large_tensors=large_count,
         bnb_absmax_blocks=blocks,
+        block_elements=in_blocks,
+        block_matmul_elements=block_matmul,
+        matmul_elements=matmul,
     )
 
 

@@ -61,12 +61,14 @@ def run_accelerate_loop(model, optimizer, batches: list[dict], scenario: Scenari
         for step in range(steps):
             if progress is not None:
                 progress(step + 1, steps)
+            if step == steps - 2:
+                probe.track(unwrapped, optimizer.optimizer)
             watched = probe if step == steps - 1 else None
             if watched:
-                watched.begin(unwrapped, optimizer.optimizer)
+                watched.begin()
             for batch in batches:
-                if watched:
-                    watched.micro_batch()
+                if step >= steps - 2:
+                    probe.micro_batch()
                 with accelerator.accumulate(model):
                     outputs = model(**batch)
                     loss = outputs.loss
@@ -109,9 +111,12 @@ def run_trainer(model, optimizer, batches: list[dict], scenario: Scenario, steps
         def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
             if progress is not None:
                 progress(state.global_step + 1, steps)
+            if state.global_step == steps - 2:
+                trainer.tracking = True
+                probe.track(model, getattr(optimizer, "optimizer", optimizer))
             if state.global_step == steps - 1:
                 trainer.watched = probe
-                probe.begin(model, getattr(optimizer, "optimizer", optimizer))
+                probe.begin()
 
         def on_step_end(self, args, state, control, **kwargs):
             if trainer.watched is not None:
@@ -121,13 +126,14 @@ def run_trainer(model, optimizer, batches: list[dict], scenario: Scenario, steps
 
     class _MeasuredTrainer(Trainer):
         watched = None
+        tracking = False
 
         def _move_model_to_device(self, model, device):
             pass  # the caller placed the model already (see _fresh_accelerator)
 
         def compute_loss(self, model, inputs, *args, **kwargs):
-            if self.watched is not None:
-                self.watched.micro_batch()
+            if self.tracking:
+                probe.micro_batch()
             loss = super().compute_loss(model, inputs, *args, **kwargs)
             if self.watched is not None:
                 self.watched.mark(Phase.FORWARD)

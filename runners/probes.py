@@ -1,8 +1,11 @@
 """Memory probes: what watches the measured optimizer step, one per measurement mode.
 
-An engine calls `begin(model, optimizer)` before the measured step, `micro_batch()`
-before each micro-batch, `mark(phase)` at the end of each phase (forward, backward,
-optimizer step) and `end()` after `zero_grad`. The peak's phase is the phase during
+An engine calls `track(model, optimizer)` before the step ahead of the measured one,
+`begin()` before the measured step, `micro_batch()` before each micro-batch,
+`mark(phase)` at the end of each phase (forward, backward, optimizer step) and `end()`
+after `zero_grad`. Tracking starts a step early because MemTracker only sees tensors
+created while it tracks, and tensors from the previous step (the lessons' loop keeps
+its `outputs`) are alive during the measured one. The peak's phase is the phase during
 which the running peak last rose (../shared/DESIGN.md, "What measured means").
 
 - MemTrackerProbe: torch's MemTracker over live tensors, by category; with real tensors
@@ -34,64 +37,71 @@ class StepMeasurement:
     peak_phase: Phase
     breakdown: dict[str, int | None]
     step_wall_s: float
+    phase_peaks: dict[Phase, int] = field(default_factory=dict)  # highest total within each phase
     extras: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         data = {f"{name}_bytes": self.breakdown.get(name) for name in CATEGORIES}
-        data.update(peak_bytes=self.peak_bytes, peak_phase=self.peak_phase.value, step_wall_s=self.step_wall_s)
+        data.update(peak_bytes=self.peak_bytes, peak_phase=self.peak_phase.value, step_wall_s=self.step_wall_s,
+                    phase_peak_bytes={phase.value: peak for phase, peak in self.phase_peaks.items()})
         data.update(self.extras)
         return data
 
 
-class _PhaseTimeline:
-    """Running peak at the end of each phase; the peak's phase is where it last rose."""
-
-    def __init__(self) -> None:
-        self.marks: list[tuple[Phase, int]] = []
-
-    def record(self, phase: Phase, running_peak: int) -> None:
-        self.marks.append((phase, running_peak))
-
-    def phase_of(self, peak: int) -> Phase:
-        for phase, running_peak in self.marks:
-            if running_peak >= peak:
-                return phase
-        return self.marks[-1][0] if self.marks else Phase.OPTIMIZER_STEP
-
-
 class MemTrackerProbe:
+    """Known limitation: per-phase peaks restart MemTracker's running peak at every phase
+    boundary through its private `_peak_mem` / `_peak_mem_snap` (torch 2.13); the overall
+    peak is the largest phase peak, and its snapshot the breakdown."""
+
     def __init__(self) -> None:
         self._tracker = None
         self._optimizer = None
-        self._timeline = _PhaseTimeline()
+        self._segments: list[tuple[Phase, int, dict]] = []
         self._started = 0.0
         self.result: StepMeasurement | None = None
 
-    def begin(self, model: torch.nn.Module, optimizer) -> None:
+    def track(self, model: torch.nn.Module, optimizer) -> None:
         from torch.distributed._tools.mem_tracker import MemTracker
 
         self._optimizer = optimizer
         self._tracker = MemTracker()
         self._tracker.track_external(model, optimizer)
         self._tracker.__enter__()
+
+    def begin(self) -> None:
+        self._segments.clear()
+        self._restart_peak()
         self._started = time.perf_counter()
+
+    def _restart_peak(self) -> None:
+        import copy
+
+        current = self._tracker.get_tracker_snapshot("current")
+        self._tracker._peak_mem = {device: snap["Total"] for device, snap in current.items()}
+        self._tracker._peak_mem_snap = copy.deepcopy(current)
 
     def micro_batch(self) -> None:
         # MemTracker refuses a second root forward in one context unless its per-module
         # stats are cleared; the global peak survives the reset.
         self._tracker.reset_mod_stats()
 
-    def _peak_snapshot(self) -> dict:
-        snapshots = self._tracker.get_tracker_snapshot("peak")
+    def _snapshot(self, kind: str) -> dict:
+        snapshots = self._tracker.get_tracker_snapshot(kind)
         return max(snapshots.values(), key=lambda snap: snap["Total"]) if snapshots else {"Total": 0}
 
     def mark(self, phase: Phase) -> None:
-        self._timeline.record(phase, self._peak_snapshot()["Total"])
+        """Close the phase that just ended: keep its peak, restart the running peak."""
+        peak = self._snapshot("peak")
+        self._segments.append((phase, peak["Total"], peak))
+        self._restart_peak()
 
     def end(self) -> StepMeasurement:
         wall = time.perf_counter() - self._started
         self._tracker.__exit__(None, None, None)
-        snapshot = self._peak_snapshot()
+        phase, _, snapshot = max(self._segments, key=lambda segment: segment[1])
+        phase_peaks: dict[Phase, int] = {}
+        for segment_phase, total, _ in self._segments:
+            phase_peaks[segment_phase] = max(phase_peaks.get(segment_phase, 0), total)
         breakdown = dict.fromkeys(CATEGORIES, 0)
         for ref_type, value in snapshot.items():
             if ref_type != "Total":
@@ -102,8 +112,7 @@ class MemTrackerProbe:
         if breakdown["optimizer_state"] > state:
             breakdown["temporaries"] += breakdown["optimizer_state"] - state
             breakdown["optimizer_state"] = state
-        peak = snapshot["Total"]
-        self.result = StepMeasurement(peak, self._timeline.phase_of(peak), breakdown, wall)
+        self.result = StepMeasurement(snapshot["Total"], phase, breakdown, wall, phase_peaks)
         return self.result
 
 
@@ -130,15 +139,19 @@ class CudaProbe:
     """Allocator statistics over the measured step (CUDA mode)."""
 
     def __init__(self) -> None:
-        self._timeline = _PhaseTimeline()
+        self._phase_peaks: dict[Phase, int] = {}
+        self._peak_phase = Phase.FORWARD
         self._model = None
         self._optimizer = None
         self._started = 0.0
         self._gradient_bytes = 0
         self.result: StepMeasurement | None = None
 
-    def begin(self, model: torch.nn.Module, optimizer) -> None:
+    def track(self, model: torch.nn.Module, optimizer) -> None:
         self._model, self._optimizer = model, optimizer
+
+    def begin(self) -> None:
+        self._phase_peaks.clear()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         self._started = time.perf_counter()
@@ -150,12 +163,17 @@ class CudaProbe:
         torch.cuda.synchronize()
         if phase is Phase.BACKWARD:
             self._gradient_bytes = _tensor_bytes(p.grad for p in self._model.parameters() if p.grad is not None)
-        self._timeline.record(phase, torch.cuda.max_memory_allocated())
+        # Allocator peaks restart at each phase boundary, so each phase has its own.
+        peak = torch.cuda.max_memory_allocated()
+        if peak > max(self._phase_peaks.values(), default=-1):
+            self._peak_phase = phase
+        self._phase_peaks[phase] = max(self._phase_peaks.get(phase, 0), peak)
+        torch.cuda.reset_peak_memory_stats()
 
     def end(self) -> StepMeasurement:
         torch.cuda.synchronize()
         wall = time.perf_counter() - self._started
-        peak = torch.cuda.max_memory_allocated()
+        peak = max(self._phase_peaks.values())
         weights = _tensor_bytes(list(self._model.parameters()) + list(self._model.buffers()))
         state = _tensor_bytes(optimizer_state_tensors(self._optimizer))
         # The allocator cannot say which gradients were alive at the peak, nor split
@@ -164,5 +182,5 @@ class CudaProbe:
                      "activations": None, "temporaries": None}
         extras = {"gradients_after_backward_bytes": self._gradient_bytes,
                   "reserved_peak_bytes": torch.cuda.max_memory_reserved()}
-        self.result = StepMeasurement(peak, self._timeline.phase_of(peak), breakdown, wall, extras)
+        self.result = StepMeasurement(peak, self._peak_phase, breakdown, wall, dict(self._phase_peaks), extras)
         return self.result

@@ -1,0 +1,219 @@
+"""Command line: `python -m runners verify|history`.
+
+`verify` takes the planner's scenario flags (`python -m planner estimate`), runs the
+scenario in a child process (runners.verify) and prints estimated vs measured memory.
+Progress goes to stderr as a one-line bar (redrawn in place on a terminal, one line per
+stage otherwise); with `--json` the last stdout line is the result object.
+
+Exit status (EXIT_CODES):
+  0  ok: measured
+  1  the run did not answer: failed, timeout or killed (the reason says why)
+  2  bad input: one line on stderr, nothing recorded
+  3  a valid "no": oom (the scenario does not fit) or refused (not started, e.g. a CPU
+     run too big for free RAM; the reason suggests what to do)
+  130 interrupted with Ctrl-C (the child is killed and the run recorded as killed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from planner.cli import EXIT_BAD_INPUT, OneLineParser, add_scenario_flags
+from planner.config_source import resolve_config
+from planner.errors import PlannerInputError
+from planner.units import format_bytes
+from runners.request import INJECTABLE_FAULTS, Engine, Mode, VerifyRequest
+
+EXIT_OK = 0
+EXIT_RUN_FAILED = 1
+EXIT_DOES_NOT_FIT = 3
+EXIT_INTERRUPTED = 130
+EXIT_CODES = {"ok": EXIT_OK, "failed": EXIT_RUN_FAILED, "timeout": EXIT_RUN_FAILED, "killed": EXIT_RUN_FAILED,
+              "oom": EXIT_DOES_NOT_FIT, "refused": EXIT_DOES_NOT_FIT}
+BAR_WIDTH = 24
+
+
+class _Parser(OneLineParser):
+    def error(self, message: str) -> None:  # the planner's parser names `python -m planner` in its hint
+        raise PlannerInputError(f"{message} (see `python -m runners {self.prog.split()[-1]} --help`)")
+
+
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from runners.verify import DEFAULT_TIMEOUT_S
+
+    parser = _Parser(prog="runners", description="Verification runs: measure what the planner estimates.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    verify = commands.add_parser("verify", help="run a scenario for a few steps and measure its memory")
+    add_scenario_flags(verify)  # includes --engine (accelerate|trainer)
+    # The measured device is decided by --mode; None tells an explicit --device apart.
+    verify.set_defaults(device=None)
+    verify.add_argument("--steps", type=int, default=3, help="optimizer steps, 2 or more; the last one is measured")
+    verify.add_argument("--mode", default=Mode.AUTO.value, choices=[m.value for m in Mode],
+                        help="auto: cuda if available, else cpu if it fits in free RAM, else simulate")
+    verify.add_argument("--local-sgd-steps", type=int, default=None, help="accelerate LocalSGD every K steps")
+    verify.add_argument("--seed", type=int, default=0)
+    verify.add_argument("--timeout", type=_positive_number, default=DEFAULT_TIMEOUT_S,
+                        help=f"wall-clock limit in seconds (default {DEFAULT_TIMEOUT_S:g})")
+    verify.add_argument("--json", action="store_true", help="last stdout line: the result as one JSON object")
+    verify.add_argument("--inject-fault", choices=INJECTABLE_FAULTS, default=None, help=argparse.SUPPRESS)
+    history = commands.add_parser("history", help="list recent runs")
+    history.add_argument("--limit", type=int, default=20)
+    history.add_argument("--json", action="store_true", help="one JSON array of runs")
+    return parser
+
+
+def _request_from_args(args: argparse.Namespace) -> VerifyRequest:
+    if args.device is not None:
+        raise PlannerInputError("verify measures on the device --mode picks: drop --device and use "
+                                "--mode cuda, cpu or simulate")
+    config, name = resolve_config(args.config, base_dir=Path.cwd(), allow_hub=args.hub)
+    scenario = {"task": args.task, "num_labels": args.num_labels, "batch_size": args.batch_size,
+                "seq_len": args.seq_len, "optimizer": args.optimizer, "precision": args.precision,
+                "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
+                "attn": args.attn}
+    return VerifyRequest(config=config, model_name=name, scenario=scenario, mode=Mode(args.mode),
+                         engine=Engine(args.engine), steps=args.steps, local_sgd_steps=args.local_sgd_steps,
+                         seed=args.seed, inject_fault=args.inject_fault)
+
+
+class ProgressBar:
+    """One line on stderr: redrawn in place on a terminal, one line per stage otherwise."""
+
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.live = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.last_text = None
+        self.drawn = False
+
+    def __call__(self, event: dict) -> None:
+        stage = event.get("stage", "")
+        step, steps = event.get("step"), event.get("steps")
+        if stage == "step" and isinstance(step, int) and isinstance(steps, int) and steps > 0:
+            fraction, text = min(step / steps, 1.0), f"step {step} of {steps}"
+        elif stage == "step" and isinstance(step, int):
+            fraction, text = 0.0, f"step {step}"
+        elif stage == "measuring":
+            fraction, text = 1.0, "measuring"
+        else:
+            fraction, text = 0.0, stage or "working"
+        filled = round(fraction * BAR_WIDTH)
+        line = f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {text}"
+        if self.live:
+            self.stream.write(f"\r{line:<60}")
+            self.drawn = True
+        elif text != self.last_text:
+            self.stream.write(line + "\n")
+        self.last_text = text
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.live and self.drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _pct(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return "0.00%" if round(value, 2) == 0 else f"{value:+.2f}%"  # no "-0.00%"
+
+
+def format_result(result: dict) -> str:
+    """Estimated vs measured per category, binary units labelled."""
+    estimated, measured = result["estimated"], result.get("measured")
+    s = estimated["scenario"]
+    lines = [
+        f"{estimated['model']}: {result['status']}, mode {result['mode']}, engine {result['engine']} "
+        f"(run {result['run_id']})",
+        f"{s['task']}, batch {s['batch_size']} x {s['seq_len']} tokens, {s['optimizer']}, {s['precision']}, "
+        f"checkpointing {'on' if s['gradient_checkpointing'] else 'off'}, accumulation {s['grad_accum']}, "
+        f"attention {s['attn']}, device {s['device']}",
+    ]
+    if result.get("reason"):
+        lines.append(f"Reason: {result['reason']}")
+    if result.get("oom_requested_bytes") is not None:
+        lines.append(f"Requested when out of memory: {format_bytes(result['oom_requested_bytes'])}")
+    lines += ["", f"{'category (at the peak)':<26}{'estimated':>16}{'measured':>16}{'error':>11}"]
+    breakdown = estimated["peak_breakdown_bytes"]
+    errors = result.get("errors_pct") or {}
+    rows = [(c.replace("_", " "), breakdown[c], f"{c}_bytes", c) for c in
+            ("weights", "gradients", "optimizer_state", "activations", "temporaries")]
+    rows.append(("PEAK", estimated["peak_bytes"], "peak_bytes", "peak"))
+    for label, est, key, error_key in rows:
+        got = measured.get(key) if measured else None
+        lines.append(f"{label:<26}{format_bytes(est):>16}{format_bytes(got):>16}{_pct(errors.get(error_key)):>11}")
+    phase = measured.get("peak_phase") if measured else None
+    lines.append(f"{'peak phase':<26}{estimated['peak_phase']:>16}{phase or 'n/a':>16}")
+    if measured and measured.get("step_wall_s") is not None:
+        lines.append(f"Measured step: {measured['step_wall_s']:.2f} s wall time.")
+    lines.append("Error: (estimated - measured) / measured. Sizes in binary units (GiB = 2**30 bytes).")
+    return "\n".join(lines)
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from runners.verify import verify
+
+    request = _request_from_args(args)
+    bar = ProgressBar()
+    try:
+        result = verify(request, timeout_s=args.timeout, on_progress=bar)
+    finally:
+        bar.close()
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(format_result(result))
+    return EXIT_CODES.get(result["status"], EXIT_RUN_FAILED)
+
+
+def _record_json(record) -> dict:
+    return {"id": record.id, "model": record.model_name, "mode": record.mode.value, "status": record.status.value,
+            "created_at": record.created_at.isoformat(),
+            "finished_at": None if record.finished_at is None else record.finished_at.isoformat(),
+            "scenario": record.scenario, "estimate": record.estimate, "measurement": record.measurement,
+            "environment": record.environment, "reason": record.reason}
+
+
+def _run_history(args: argparse.Namespace) -> int:
+    from runners.history import RunHistory
+
+    if args.limit < 1:
+        raise PlannerInputError(f"--limit must be a positive integer, got {args.limit}")
+    records = RunHistory().list_runs(limit=args.limit)
+    if args.json:
+        print(json.dumps([_record_json(r) for r in records]))
+        return EXIT_OK
+    if not records:
+        print("no runs recorded yet: run `python -m runners verify ...`")
+        return EXIT_OK
+    print(f"{'created (UTC)':<21}{'run':<10}{'status':<9}{'mode':<10}{'model':<24}{'estimated':>13}{'measured':>13}")
+    for r in records:
+        measured = (r.measurement or {}).get("peak_bytes")
+        print(f"{r.created_at.strftime('%Y-%m-%d %H:%M:%S'):<21}{r.id[:8]:<10}{r.status.value:<9}{r.mode.value:<10}"
+              f"{r.model_name[:23]:<24}{format_bytes(r.estimate.get('peak_bytes')):>13}{format_bytes(measured):>13}")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _build_parser().parse_args(argv)
+        return {"verify": _run_verify, "history": _run_history}[args.command](args)
+    except PlannerInputError as error:
+        print(f"runners: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("runners: interrupted: a run in progress was stopped and recorded as killed", file=sys.stderr)
+        return EXIT_INTERRUPTED
