@@ -19,9 +19,8 @@ dashboard call.
    run_id, status, mode, engine, measured, estimated (Estimate.to_json()), errors_pct,
    environment, reason, oom_requested_bytes, child.
 
-"Fits in RAM" (`cpu_ram_needed_bytes`): the planner's CPU peak, or the model build when
-that is larger (a pure-bf16 model is built in fp32 and then cast: fp32 and bf16 copies
-coexist, 3x the bf16 weights), times 1.25 for allocator fragmentation and estimate error,
+"Fits in RAM" (`cpu_ram_needed_bytes`): the planner's CPU peak (models are built
+directly in their training dtype, so the build never exceeds it), times 1.25 for allocator fragmentation and estimate error,
 plus 1 GiB for the interpreter, torch, transformers and MemTracker's own bookkeeping,
 compared with /proc/meminfo MemAvailable (memory the kernel can hand out without
 swapping). Known limitations: where /proc/meminfo is missing (not Linux) free RAM is
@@ -44,7 +43,7 @@ from typing import Callable
 
 from planner.estimate import Estimate, estimate
 from planner.loading import model_shape_for_config
-from planner.scenario import Device, Precision
+from planner.scenario import Device
 from planner.units import GIB, format_bytes
 from runners.history import RunHistory, RunMode, RunStatus
 from runners.isolation import run_in_child
@@ -72,10 +71,7 @@ def available_ram_bytes(meminfo_path: str = MEMINFO) -> int | None:
 
 def cpu_ram_needed_bytes(cpu_estimate: Estimate) -> int:
     """RAM a real CPU run of this scenario needs, safety margin included (module docstring)."""
-    build = cpu_estimate.weights_bytes
-    if cpu_estimate.scenario.precision is Precision.BF16:
-        build = 3 * cpu_estimate.weights_bytes  # fp32 build (2x) and its bf16 cast (1x) coexist
-    return int(max(cpu_estimate.peak_bytes, build) * RAM_SAFETY_FACTOR) + RAM_FIXED_OVERHEAD_BYTES
+    return int(cpu_estimate.peak_bytes * RAM_SAFETY_FACTOR) + RAM_FIXED_OVERHEAD_BYTES
 
 
 def cuda_is_available() -> bool:
