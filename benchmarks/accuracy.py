@@ -57,7 +57,7 @@ SCENARIOS = [
     ("gpt2", FAKE, dict(task=LM, batch_size=8, seq_len=1024, gradient_checkpointing=True)),
     ("gpt2", FAKE, dict(task=LM, batch_size=4, seq_len=512, attn="eager", optimizer="sgd")),
     ("gpt2", FAKE, dict(task=LM, batch_size=4, seq_len=512, grad_accum=4, optimizer="adamw8bit")),
-    ("gpt2", FAKE, dict(task=LM, batch_size=4, seq_len=512, engine="trainer")),
+    ("gpt2", REAL, dict(task=LM, batch_size=2, seq_len=256, engine="trainer")),  # Trainer: real tensors only
     ("gpt2-medium", FAKE, dict(task=LM, batch_size=4, seq_len=1024, precision="bf16-mixed", gradient_checkpointing=True)),
     ("gpt2-xl", FAKE, dict(task=LM, batch_size=1, seq_len=1024, optimizer="adafactor", precision="bf16")),
     ("opt-125m", FAKE, dict(task=LM, batch_size=8, seq_len=512)),
@@ -73,7 +73,8 @@ SCENARIOS = [
     ("tinyllama-1.1b", FAKE, dict(task=LM, batch_size=4, seq_len=1024, precision="bf16-mixed", optimizer="adamw8bit")),
     ("tinyllama-1.1b", FAKE, dict(task=LM, batch_size=4, seq_len=2048, gradient_checkpointing=True, attn="eager")),
     ("llama-3.2-1b", FAKE, dict(task=LM, batch_size=2, seq_len=2048, precision="bf16-mixed", gradient_checkpointing=True)),
-    ("llama-3.2-1b", FAKE, dict(task=LM, batch_size=4, seq_len=512, engine="trainer", optimizer="adamw8bit")),
+    ("pythia-160m", REAL, dict(task=LM, batch_size=2, seq_len=256, engine="trainer", optimizer="adamw8bit")),
+    ("llama-3.2-1b", FAKE, dict(task=LM, batch_size=4, seq_len=512, optimizer="adamw-fused")),
     ("llama-2-7b", FAKE, dict(task=LM, batch_size=1, seq_len=4096, precision="bf16-mixed", gradient_checkpointing=True)),
     ("llama-2-7b", FAKE, dict(task=LM, batch_size=2, seq_len=1024, precision="bf16", optimizer="adamw8bit",
                               gradient_checkpointing=True)),

@@ -54,6 +54,7 @@ class ActivationProfile:
     loss_backward_transient_bytes: int  # gradients of the loss w.r.t. logits
     layer_backward_transient_bytes: int  # largest gradients alive inside one block's backward
     block_backward_start_transient_bytes: int  # entering the last block's backward
+    block_tail_bytes: int  # saved by a block's last ops, freed before backward reaches its MLP activation
 
     @property
     def per_layer_bytes(self) -> int:
@@ -151,6 +152,10 @@ def _attention_core(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[Ac
             ActivationTerm("attention-probability dropout mask", z.S2 * FP32, "input-sized on CPU (_dropout_impl)"),
             ActivationTerm("dropped probabilities (P@V input)", z.S2 * FP32, "matmul(P, V) saves P"),
         ]
+    if scenario.attention is Attention.EAGER:
+        # Transformers' eager attention repeats grouped K/V heads (repeat_kv) before the
+        # matmuls, which save the repeated copies: k and v at the query's size.
+        qkv_elements = 3 * z.Q
     terms = [ActivationTerm("q, k, v projections", qkv_elements * z.compute, "attention saves q, k, v")]
     if scenario.attention is Attention.EAGER:
         # Transformers' eager attention: softmax in fp32 (or the input dtype), dropout, P@V.
@@ -232,7 +237,9 @@ def _block_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[Activ
     # transpose(1, 2).reshape(b, s, h) is a view: the output projection saves the same storage.
     hidden_p = shape.hidden_dropout
     if family is ArchFamily.ENCODER:  # post-LN: attn -> dropout -> add -> LN -> MLP -> dropout -> add -> LN
-        return (attention + _dropout(z, hidden_p, z.H, z.compute, "attention output dropout mask")
+        # DistilBERT's attention has no dropout after its output projection (modeling_distilbert.py).
+        attention_output_p = 0.0 if shape.model_type == "distilbert" else hidden_p
+        return (attention + _dropout(z, attention_output_p, z.H, z.compute, "attention output dropout mask")
                 + _layernorm(z, "attention LayerNorm") + _plain_mlp(shape, z)
                 + _dropout(z, hidden_p, z.H, z.compute, "MLP output dropout mask") + _layernorm(z, "output LayerNorm"))
     if family is ArchFamily.LLAMA:
@@ -270,10 +277,12 @@ def _head_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[Activa
     if scenario.task is Task.SEQUENCE_CLASSIFICATION:
         # The pooler/classifier reads a slice of the last hidden state; a saved view keeps
         # the whole (b, s, h) tensor alive. Pooler dense + tanh + classifier inputs are b*h each.
-        return [ActivationTerm("last hidden state (kept by the pooled slice)", z.H * z.residual,
-                               "a saved view keeps its base alive"),
-                ActivationTerm("pooler/classifier inputs", 3 * b * shape.hidden_size * z.compute,
-                               "dense, tanh and classifier save b*h each")]
+        terms = [ActivationTerm("pooler/classifier inputs", 3 * b * shape.hidden_size * z.compute,
+                                "dense, tanh and classifier save b*h each")]
+        if not z.autocast:  # autocast saves a 16-bit copy of the slice instead of the view
+            terms.insert(0, ActivationTerm("last hidden state (kept by the pooled slice)", z.H * z.residual,
+                                           "a saved view keeps its base alive"))
+        return terms
     final_norm = (_rmsnorm(z, "final RMSNorm") if shape.family is ArchFamily.LLAMA
                   else _layernorm(z, "final LayerNorm"))
     terms = list(final_norm) if shape.family is not ArchFamily.ENCODER else []
@@ -323,8 +332,13 @@ def activation_profile(shape: ModelShape, scenario: Scenario) -> ActivationProfi
         # Inside a block's backward the gradients of its largest intermediate (output and
         # input of the op) coexist: 2 x I measured on a checkpointed DistilBERT shape.
         layer_backward_transient_bytes=2 * biggest_block_tensor * z.compute,
-        # Entering the last block: the incoming gradient, the residual branch's and the
-        # norm's input gradient, less the norm input and MLP input freed: +2H measured
-        # on DistilBERT shapes (fp32 and bf16).
-        block_backward_start_transient_bytes=2 * z.H * z.residual,
+        # Inside the last block's MLP backward: the gradients of the activation's output
+        # and input (2 x I) and the residual branch's gradient (H) are alive, while the
+        # block's tail (closing norm and the MLP's second linear input) is freed already;
+        # measured on DistilBERT shapes, fp32 and bf16 (tests/test_activation_model.py).
+        block_backward_start_transient_bytes=2 * z.I * z.compute + z.H * z.residual,
+        # The MLP's second linear input (and a post-LN block's closing LayerNorm) are
+        # freed before the activation's backward, where a recomputed block peaks.
+        block_tail_bytes=z.I * z.compute + (z.H * z.residual + 2 * z.T * FP32
+                                            if shape.family is ArchFamily.ENCODER else 0),
     )

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from planner.activations import ActivationProfile, activation_profile
 from planner.errors import PlannerInputError
 from planner.model_shape import ArchFamily, ModelShape
-from planner.optimizer_state import optimizer_state_bytes, parameter_bytes_per_element
+from planner.optimizer_state import (allocation, optimizer_state_bytes, parameter_bytes_per_element,
+                                     parameter_tensor_bytes)
 from planner.optimizer_step import optimizer_step_transient_bytes
 from planner.scenario import Checkpointing, Engine, Optimizer, Precision, Scenario, Task
 
@@ -166,9 +167,11 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     element = parameter_bytes_per_element(scenario.precision)
     # Runs build pure-bf16 models with from_config(dtype=bfloat16): buffers made with an
     # explicit dtype (rotary inv_freq is `.float()`) stay fp32, so buffers keep their size.
-    weights = stats.num_elements * element + shape.float_buffer_elements * 4 + shape.other_buffer_bytes
-    gradients = stats.num_elements * element
-    state = optimizer_state_bytes(stats, scenario.optimizer, scenario.precision)
+    on_device = allocation(scenario.device)
+    weights = (parameter_tensor_bytes(shape, scenario.precision, scenario.device)
+               + on_device(shape.float_buffer_elements * 4) + on_device(shape.other_buffer_bytes))
+    gradients = parameter_tensor_bytes(shape, scenario.precision, scenario.device)
+    state = optimizer_state_bytes(shape, scenario.optimizer, scenario.precision, scenario.device)
     profile = activation_profile(shape, scenario)
     block_copies, head_copies = _autocast_weight_copy_bytes(shape, scenario)
     layers = shape.num_layers
@@ -192,7 +195,8 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         # fresh weight copies under autocast). The head is not checkpointed.
         saved = profile.embedding_bytes + layers * profile.checkpoint_input_bytes + profile.head_bytes + head_copies
         forward_extra = block_copies  # autocast's cache lives until the forward returns
-        recompute = block + block_copies // layers
+        # Its peak is inside the MLP's backward: the block's tail already freed.
+        recompute = block - profile.block_tail_bytes + block_copies // layers
         # Gradients grow and kept inputs shrink block by block: the extremes are the
         # first block recomputed (the last one) and the last (the first one).
         backward_candidates = (
@@ -214,8 +218,8 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     if scenario.checkpointing is Checkpointing.NONE:
         # Entering the last block: the head's activations freed, its gradients made.
         backward_moments.append(PhaseMemory(Phase.BACKWARD, weights, head_gradients, state,
-                                            saved - profile.head_bytes - head_copies + kept_logits,
-                                            profile.block_backward_start_transient_bytes))
+                                            saved - profile.head_bytes - head_copies - profile.block_tail_bytes
+                                            + kept_logits, profile.block_backward_start_transient_bytes))
     backward_moments += [PhaseMemory(Phase.BACKWARD, weights, grads, state, activations + kept_logits,
                                      profile.layer_backward_transient_bytes)
                          for grads, activations in backward_candidates]

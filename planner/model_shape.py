@@ -2,8 +2,8 @@
 
 Built once per (config, task) by `planner.shapes_from_config` from the exact parameter
 tensors transformers would create (tied weights counted once), plus the dimensions the
-activation model reads. `ParameterStats` holds the per-tensor sums that optimizer state
-needs, computed once here so that one estimate costs microseconds, not a tensor walk.
+activation model reads. `ParameterStats` holds sums over the tensors, computed once here
+so that one estimate costs microseconds, not a tensor walk.
 """
 
 from __future__ import annotations
@@ -14,12 +14,6 @@ import re
 from dataclasses import dataclass, field
 
 from planner.scenario import Task
-
-# bitsandbytes 8-bit optimizers keep 32-bit state for tensors with fewer elements than
-# this (`min_8bit_size=4096` in bnb.optim.Optimizer8bit) and quantise the rest
-# block-wise in blocks of 256 elements, one fp32 absmax per block and per state.
-BNB_MIN_8BIT_SIZE = 4096
-BNB_BLOCK_SIZE = 256
 
 
 class ArchFamily(enum.Enum):
@@ -56,20 +50,11 @@ class ParamTensor:
 
 @dataclass(frozen=True)
 class ParameterStats:
-    """Per-tensor sums over the unique parameter tensors, in elements."""
+    """Per-tensor sums over the unique parameter tensors, in elements (computed once per model)."""
 
     num_tensors: int
     num_elements: int
     largest_tensor_elements: int
-    # Adafactor keeps a row and a column vector for tensors with >= 2 dims
-    # (shape[:-1] and shape[:-2] + shape[-1:]) and a full second moment for the rest
-    # (torch.optim.Adafactor; transformers.optimization.Adafactor._get_options).
-    adafactor_factored_elements: int
-    # bitsandbytes: tensors below BNB_MIN_8BIT_SIZE keep fp32 state.
-    bnb_small_elements: int
-    bnb_large_elements: int
-    bnb_large_tensors: int
-    bnb_absmax_blocks: int  # sum of ceil(numel / 256) over the large tensors
     # Parameters inside the repeated blocks (names with a block index, e.g. "layers.3."):
     # their gradients appear block by block during backward, the rest (head) first.
     block_elements: int
@@ -81,7 +66,7 @@ _BLOCK_INDEX = re.compile(r"\.\d+\.")
 
 
 def compute_parameter_stats(params: tuple[ParamTensor, ...]) -> ParameterStats:
-    factored = small = large = large_count = blocks = largest = total = in_blocks = block_matmul = matmul = 0
+    largest = total = in_blocks = block_matmul = matmul = 0
     for tensor in params:
         numel = tensor.numel
         total += numel
@@ -90,25 +75,10 @@ def compute_parameter_stats(params: tuple[ParamTensor, ...]) -> ParameterStats:
             in_blocks += numel
             block_matmul += numel if len(tensor.shape) >= 2 else 0
         largest = max(largest, numel)
-        if len(tensor.shape) >= 2:
-            factored += math.prod(tensor.shape[:-1]) + math.prod(tensor.shape[:-2]) * tensor.shape[-1]
-        else:
-            factored += numel
-        if numel < BNB_MIN_8BIT_SIZE:
-            small += numel
-        else:
-            large += numel
-            large_count += 1
-            blocks += -(-numel // BNB_BLOCK_SIZE)
     return ParameterStats(
         num_tensors=len(params),
         num_elements=total,
         largest_tensor_elements=largest,
-        adafactor_factored_elements=factored,
-        bnb_small_elements=small,
-        bnb_large_elements=large,
-        bnb_large_tensors=large_count,
-        bnb_absmax_blocks=blocks,
         block_elements=in_blocks,
         block_matmul_elements=block_matmul,
         matmul_elements=matmul,

@@ -1,28 +1,47 @@
-"""Optimizer state bytes, exact: what `optimizer.state` holds after the first step.
+"""Optimizer state bytes, exact: what `optimizer.state` holds after the first step, on the
+training device.
 
 Each formula was checked byte for byte against the real optimizer (tests/test_optimizer_state.py
 builds it, takes a step and sums the unique storages):
 - torch AdamW / Adam: exp_avg and exp_avg_sq in the parameter's dtype, plus a 0-d fp32
-  `step` tensor per parameter tensor (torch/optim/adamw.py, `_init_group`).
+  `step` per parameter tensor (torch/optim/adam.py `_init_group`). With neither `fused`
+  nor `capturable` (the default) `step` is deliberately hosted on the CPU, so on CUDA it
+  takes no device memory; the fused AdamW (`adamw_torch_fused`, Trainer's default) keeps
+  it on the device.
 - torch SGD, momentum 0.9: one momentum_buffer in the parameter's dtype.
-- torch Adafactor: row and column variances (parameter dtype) for tensors with >= 2
-  dims, a full variance otherwise, plus a 0-d fp32 `step` (torch/optim/_adafactor.py).
+- torch Adafactor: row and column variances (parameter dtype) for tensors with >= 2 dims
+  (shape[:-1] and shape[:-2] + shape[-1:]), a full variance otherwise, plus a CPU-hosted
+  0-d fp32 `step` (torch/optim/_adafactor.py).
 - transformers Adafactor (TrainingArguments optim="adafactor": scale_parameter=False,
   relative_step=False): exp_avg_sq_row/col or exp_avg_sq, always fp32 (it upcasts 16-bit
-  gradients first), plus a 0-d fp32 `RMS`; its `step` is a Python int (no storage).
+  gradients first), plus a 0-d fp32 `RMS` on the device; its `step` is a Python int.
 - bitsandbytes Adam8bit / AdamW8bit / PagedAdamW8bit (bnb 0.50, Optimizer2State.init_state):
   tensors under 4,096 elements keep two fp32 states; larger ones two uint8 states plus
   one fp32 absmax per 256-element block per state; the two 256-entry fp32 quantile maps
   (`qmap1`, `qmap2`) are shared by every tensor, so they count once. `step` is an int.
+
+On CUDA every allocation is rounded up to the caching allocator's 512-byte block
+(c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize), which matters for the many small
+tensors (biases, norms, scalars).
 """
 
 from __future__ import annotations
 
-from planner.model_shape import ParameterStats
-from planner.scenario import Optimizer, Precision
+import functools
+import math
+from collections.abc import Callable
+
+from planner.model_shape import ModelShape
+from planner.scenario import Device, Optimizer, Precision
 
 FP32_BYTES = 4
-BNB_QMAP_BYTES = 2 * 256 * FP32_BYTES  # qmap1 + qmap2, shared
+# bitsandbytes 8-bit optimizers keep 32-bit state for tensors with fewer elements than
+# this (`min_8bit_size=4096` in bnb.optim.Optimizer8bit) and quantise the rest
+# block-wise in blocks of 256 elements, one fp32 absmax per block and per state.
+BNB_MIN_8BIT_SIZE = 4096
+BNB_BLOCK_SIZE = 256
+CUDA_ALLOCATION_BLOCK = 512
+BNB_QMAP_BYTES = 256 * FP32_BYTES  # each of qmap1, qmap2
 
 
 def parameter_bytes_per_element(precision: Precision) -> int:
@@ -30,35 +49,56 @@ def parameter_bytes_per_element(precision: Precision) -> int:
     return 2 if precision is Precision.BF16 else 4
 
 
-def optimizer_state_bytes(stats: ParameterStats, optimizer: Optimizer, precision: Precision) -> int:
-    """Bytes of distinct storage in `optimizer.state` at steady state."""
-    param_bytes = parameter_bytes_per_element(precision)
-    step_tensors = stats.num_tensors * FP32_BYTES
-    if optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
-        return 2 * stats.num_elements * param_bytes + step_tensors
-    if optimizer is Optimizer.SGD:
-        return stats.num_elements * param_bytes
-    if optimizer is Optimizer.ADAFACTOR:
-        return stats.adafactor_factored_elements * param_bytes + step_tensors
-    if optimizer is Optimizer.HF_ADAFACTOR:
-        return stats.adafactor_factored_elements * FP32_BYTES + stats.num_tensors * FP32_BYTES
-    if optimizer in (Optimizer.ADAM8BIT, Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
-        small = 2 * stats.bnb_small_elements * FP32_BYTES
-        large = 2 * stats.bnb_large_elements + 2 * stats.bnb_absmax_blocks * FP32_BYTES
-        shared_maps = BNB_QMAP_BYTES if stats.bnb_large_tensors else 0
-        return small + large + shared_maps
-    raise ValueError(f"no state model for optimizer {optimizer}")
+def allocation(device: Device) -> Callable[[int], int]:
+    """Bytes a tensor of `n` bytes takes on `device`: exact on CPU, 512-byte blocks on CUDA."""
+    if device is Device.CUDA:
+        return lambda n: -(-n // CUDA_ALLOCATION_BLOCK) * CUDA_ALLOCATION_BLOCK
+    return lambda n: n
 
 
-def optimizer_state_elements(stats: ParameterStats, optimizer: Optimizer) -> int:
-    """Tensor elements in the state, counting shared quantile maps once (no Python ints)."""
+def _per_tensor_state(shape: tuple[int, ...], optimizer: Optimizer, param_bytes: int, on_device) -> int:
+    numel = math.prod(shape)
     if optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
-        return 2 * stats.num_elements + stats.num_tensors
+        return 2 * on_device(numel * param_bytes)  # + the CPU-hosted step, added by the caller
+    if optimizer is Optimizer.ADAMW_FUSED:
+        return 2 * on_device(numel * param_bytes) + on_device(FP32_BYTES)
     if optimizer is Optimizer.SGD:
-        return stats.num_elements
+        return on_device(numel * param_bytes)
     if optimizer in (Optimizer.ADAFACTOR, Optimizer.HF_ADAFACTOR):
-        return stats.adafactor_factored_elements + stats.num_tensors
+        element = param_bytes if optimizer is Optimizer.ADAFACTOR else FP32_BYTES
+        if len(shape) >= 2:
+            factored = (on_device(math.prod(shape[:-1]) * element)
+                        + on_device(math.prod(shape[:-2]) * shape[-1] * element))
+        else:
+            factored = on_device(numel * element)
+        rms = on_device(FP32_BYTES) if optimizer is Optimizer.HF_ADAFACTOR else 0
+        return factored + rms
     if optimizer in (Optimizer.ADAM8BIT, Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
-        return (2 * stats.num_elements + 2 * stats.bnb_absmax_blocks
-                + (2 * 256 if stats.bnb_large_tensors else 0))
+        if numel < BNB_MIN_8BIT_SIZE:
+            return 2 * on_device(numel * FP32_BYTES)
+        blocks = -(-numel // BNB_BLOCK_SIZE)
+        return 2 * on_device(numel) + 2 * on_device(blocks * FP32_BYTES)
     raise ValueError(f"no state model for optimizer {optimizer}")
+
+
+@functools.lru_cache(maxsize=4096)
+def optimizer_state_bytes(shape: ModelShape, optimizer: Optimizer, precision: Precision,
+                          device: Device = Device.CPU) -> int:
+    """Bytes of distinct storage in `optimizer.state` at steady state, on `device`."""
+    on_device = allocation(device)
+    param_bytes = parameter_bytes_per_element(precision)
+    total = sum(_per_tensor_state(p.shape, optimizer, param_bytes, on_device) for p in shape.params)
+    if optimizer in (Optimizer.ADAMW, Optimizer.ADAM, Optimizer.ADAFACTOR) and device is Device.CPU:
+        total += FP32_BYTES * len(shape.params)  # CPU-hosted `step` tensors live where the params do
+    if optimizer in (Optimizer.ADAM8BIT, Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
+        if any(p.numel >= BNB_MIN_8BIT_SIZE for p in shape.params):
+            total += 2 * on_device(BNB_QMAP_BYTES)  # qmap1 and qmap2, shared
+    return total
+
+
+@functools.lru_cache(maxsize=1024)
+def parameter_tensor_bytes(shape: ModelShape, precision: Precision, device: Device = Device.CPU) -> int:
+    """Bytes of one copy of every parameter (or of every gradient) on `device`."""
+    on_device = allocation(device)
+    element = parameter_bytes_per_element(precision)
+    return sum(on_device(p.numel * element) for p in shape.params)

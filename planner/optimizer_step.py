@@ -6,7 +6,7 @@ foreach only when every tensor is on CUDA; CPU runs the per-tensor loop):
   two tensors of the current parameter's size at once (torch/optim/adamw.py `_single_tensor_adam`).
 - AdamW/Adam foreach (CUDA default): `torch._foreach_sqrt(exp_avg_sqs)` materialises a
   square root of every state tensor at once (`_multi_tensor_adam`): one parameter-sized copy.
-- SGD with momentum: in place in both paths.
+- SGD with momentum: in place in both paths; fused AdamW: one kernel, no temporaries.
 - Adafactor (torch and transformers): per tensor, the squared gradient and the
   reconstructed second moment, in fp32 for transformers' version.
 - bitsandbytes 8-bit: fused kernels update in place (CUDA); on CPU, measured with
@@ -28,8 +28,8 @@ def optimizer_step_transient_bytes(stats: ParameterStats, optimizer: Optimizer, 
         if device is Device.CUDA:
             return stats.num_elements * param_bytes
         return 2 * largest * param_bytes
-    if optimizer is Optimizer.SGD:
-        return 0
+    if optimizer in (Optimizer.SGD, Optimizer.ADAMW_FUSED):
+        return 0  # SGD updates in place; fused AdamW is one kernel per tensor group
     if optimizer is Optimizer.ADAFACTOR:
         return 2 * largest * param_bytes
     if optimizer is Optimizer.HF_ADAFACTOR:

@@ -19,7 +19,8 @@ class Task(enum.Enum):
 
 
 class Optimizer(enum.Enum):
-    ADAMW = "adamw"
+    ADAMW = "adamw"  # torch.optim.AdamW defaults: foreach on CUDA, per-tensor on CPU
+    ADAMW_FUSED = "adamw-fused"  # AdamW(fused=True): TrainingArguments' default optim
     ADAM = "adam"
     SGD = "sgd"  # momentum 0.9: one buffer per parameter
     ADAFACTOR = "adafactor"  # torch.optim.Adafactor
@@ -34,7 +35,7 @@ class Optimizer(enum.Enum):
 # bf16, where transformers' keeps fp32 state: ask for "hf-adafactor" to get that one.
 OPTIMIZER_ALIASES: dict[str, Optimizer] = {
     "adamw_torch": Optimizer.ADAMW,
-    "adamw_torch_fused": Optimizer.ADAMW,
+    "adamw_torch_fused": Optimizer.ADAMW_FUSED,
     "adamw_bnb_8bit": Optimizer.ADAMW8BIT,
     "paged_adamw_8bit": Optimizer.PAGED_ADAMW8BIT,
 }

@@ -30,7 +30,8 @@ _MIXED_PRECISION = {Precision.FP32: "no", Precision.BF16: "no", Precision.BF16_M
 
 # TrainingArguments(optim=...) strings whose optimizer is the planner's; the others are
 # passed to Trainer ready-built (the lesson does so for 8-bit Adam).
-_TRAINER_OPTIM = {Optimizer.ADAMW: "adamw_torch", Optimizer.HF_ADAFACTOR: "adafactor",
+_TRAINER_OPTIM = {Optimizer.ADAMW: "adamw_torch", Optimizer.ADAMW_FUSED: "adamw_torch_fused",
+                  Optimizer.HF_ADAFACTOR: "adafactor",
                   Optimizer.ADAMW8BIT: "adamw_bnb_8bit", Optimizer.PAGED_ADAMW8BIT: "paged_adamw_8bit"}
 
 

@@ -32,6 +32,8 @@ def build_optimizer(model: torch.nn.Module, optimizer: Optimizer, lr: float = LE
     params = [p for p in model.parameters() if p.requires_grad]
     if optimizer is Optimizer.ADAMW:
         return torch.optim.AdamW(params, lr=lr)
+    if optimizer is Optimizer.ADAMW_FUSED:
+        return torch.optim.AdamW(params, lr=lr, fused=True)
     if optimizer is Optimizer.ADAM:
         return torch.optim.Adam(params, lr=lr)
     if optimizer is Optimizer.SGD:

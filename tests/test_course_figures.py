@@ -50,12 +50,14 @@ def test_planner_and_real_optimizer_reproduce_lesson(optimizer):
 
 
 def test_cli_prints_lesson_figures(capsys):
+    """The lesson sums every tensor of `optimizer.state`, wherever it lives: that is the CPU
+    figure (on CUDA, AdamW's `step` tensors stay on the host and allocations round up)."""
     import json
 
     for optimizer, (expected_bytes, _, _) in COURSE.items():
         code = main(["estimate", "--config", "distilbert-base-cased", "--task", "sequence-classification",
                      "--num-labels", "2", "--batch-size", "8", "--seq-len", "128",
-                     "--optimizer", optimizer.value, "--json"])
+                     "--optimizer", optimizer.value, "--device", "cpu", "--json"])
         assert code == 0
         result = json.loads(capsys.readouterr().out)
         assert result["num_parameters"] == 65_783_042

@@ -35,7 +35,7 @@ def _real_state_bytes(name: str, task: str, optimizer: Optimizer, precision: Pre
 def test_state_bytes_equal_real_optimizer(name, task, optimizer, precision):
     scenario = scenario_from_values(task=task, batch_size=2, seq_len=16)
     shape = model_shape_for_config(tiny_config(name), scenario.task, 2, name)
-    planned = optimizer_state_bytes(shape.stats, optimizer, precision)
+    planned = optimizer_state_bytes(shape, optimizer, precision)
     assert planned == _real_state_bytes(name, task, optimizer, precision)
 
 
@@ -43,7 +43,7 @@ def test_mixed_precision_state_is_fp32_like_fp32():
     # Autocast leaves parameters (and so the optimizer's state) in fp32.
     scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=16)
     shape = model_shape_for_config(tiny_config("tiny-llama"), scenario.task, 2, "tiny-llama")
-    assert (optimizer_state_bytes(shape.stats, Optimizer.ADAMW, Precision.BF16_MIXED)
+    assert (optimizer_state_bytes(shape, Optimizer.ADAMW, Precision.BF16_MIXED)
             == _real_state_bytes("tiny-llama", "causal-lm", Optimizer.ADAMW, Precision.BF16_MIXED))
 
 
@@ -56,3 +56,19 @@ def test_hf_adafactor_matches_what_training_arguments_builds(tmp_path):
     optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
     assert optimizer_cls is Adafactor
     assert kwargs["scale_parameter"] is False and kwargs["relative_step"] is False
+
+
+def test_cuda_figures_round_allocations_and_leave_step_on_host():
+    """On CUDA the caching allocator hands out 512-byte blocks, and AdamW (neither fused nor
+    capturable) hosts `step` on the CPU: the lesson's model has 104 tensors, 2-label head."""
+    from planner.loading import load_model_shape
+    from planner.scenario import Device, Task
+
+    shape = load_model_shape("distilbert-base-cased", Task.SEQUENCE_CLASSIFICATION, 2)
+    on_cpu = optimizer_state_bytes(shape, Optimizer.ADAMW, Precision.FP32, Device.CPU)
+    on_cuda = optimizer_state_bytes(shape, Optimizer.ADAMW, Precision.FP32, Device.CUDA)
+    blocks = sum(-(-p.numel * 4 // 512) * 512 for p in shape.params)  # one block-rounded fp32 copy
+    assert on_cpu == 526_264_752
+    assert on_cuda == 2 * blocks
+    fused = optimizer_state_bytes(shape, Optimizer.ADAMW_FUSED, Precision.FP32, Device.CUDA)
+    assert fused == on_cuda + 512 * len(shape.params)  # fused keeps `step` on the device
