@@ -18,6 +18,7 @@ from app_pages.inputs import (
     ModelSource,
     default_task,
 )
+from app_pages.query_state import decode, encode
 from planner.catalog import catalog_entries
 from planner.scenario import Attention, Device, Precision, Task
 from planner.units import format_bytes
@@ -26,6 +27,11 @@ st.set_page_config(page_title="Training memory planner", page_icon=":material/me
 
 # Initial values through session state rather than each widget's value=, so a widget
 # that a callback changes (task) or that is hidden for a while keeps one source of defaults.
+# A shared link's query string wins over the defaults, once, when the session starts.
+if "_restored_from_link" not in st.session_state:
+    st.session_state["_restored_from_link"] = True
+    for key, value in decode(st.query_params.to_dict()).items():
+        st.session_state[key] = value
 for key, value in DEFAULTS.items():
     st.session_state.setdefault(key, value)
 
@@ -67,8 +73,17 @@ with st.sidebar:
         st.number_input("GPU capacity (GiB)", min_value=0.01, step=1.0, format="%.2f", key="gpu_custom_gib")
     else:
         st.caption(f"{format_bytes(GPU_PRESETS[preset])}, as nvidia-smi reports it")
+    st.number_input("Number of GPUs", min_value=1, max_value=4096, step=1, key="gpu_count",
+                    help="For now this only scales the total capacity shown: every plan is per GPU "
+                         "(each data-parallel replica holds all of it). Multi-GPU plans come later.")
+
+# The plan's values in the URL, so the address bar is a shareable link to this plan.
+st.query_params.from_dict(encode({key: st.session_state.get(key) for key in DEFAULTS}))
 
 router = st.navigation([
     st.Page("app_pages/plan.py", title="Plan", icon=":material/calculate:", default=True),
+    st.Page("app_pages/techniques.py", title="Techniques", icon=":material/compare:"),
+    st.Page("app_pages/verify.py", title="Verify", icon=":material/fact_check:"),
+    st.Page("app_pages/report.py", title="Report", icon=":material/download:"),
 ])
 router.run()

@@ -53,3 +53,81 @@ def phase_breakdown_figure(result: Estimate, capacity_bytes: int | None = None) 
         margin=dict(t=60, b=40),
     )
     return figure
+
+
+def _capacity_line(figure: go.Figure, capacity_bytes: int | None) -> None:
+    if capacity_bytes is not None:
+        figure.add_hline(
+            y=bytes_to_gib(capacity_bytes),
+            line=dict(color=CAPACITY_COLOR, dash="dash", width=2),
+            annotation_text=f"capacity {bytes_to_gib(capacity_bytes):,.2f} GiB",
+            annotation_position="top left",
+        )
+
+
+def memory_vs_batch_figure(series: dict[str, list[tuple[int, int | None]]], capacity_bytes: int | None = None,
+                           title: str = "Peak memory against batch size") -> go.Figure:
+    """One line per technique: peak (GiB) against effective batch size (log2 axis), and the capacity line.
+    A None peak (not estimable) leaves a gap."""
+    figure = go.Figure()
+    for label, points in series.items():
+        figure.add_scatter(
+            name=label, mode="lines+markers",
+            x=[b for b, _ in points],
+            y=[None if peak is None else bytes_to_gib(peak) for _, peak in points],
+            customdata=[format_bytes(peak) for _, peak in points],
+            hovertemplate=f"{label}<br>batch %{{x}}: %{{customdata}}<extra></extra>",
+        )
+    _capacity_line(figure, capacity_bytes)
+    figure.update_layout(
+        template="plotly_white", title=title,
+        xaxis=dict(title="effective batch size (sequences per optimizer step)", type="log", dtick=0.30102999566),
+        yaxis_title="peak GiB (2^30 bytes)", legend_title_text="technique", margin=dict(t=60, b=40),
+    )
+    return figure
+
+
+def technique_bars_figure(labels: list[str], estimated: list[int | None], measured: list[int | None],
+                          capacity_bytes: int | None = None, title: str = "Peak by technique") -> go.Figure:
+    """Grouped bars per technique: estimated and measured peak (GiB), and the capacity line."""
+    figure = go.Figure()
+    figure.add_bar(name="estimated", x=labels, y=[None if v is None else bytes_to_gib(v) for v in estimated],
+                   marker_color="#2563eb", customdata=[format_bytes(v) for v in estimated],
+                   hovertemplate="estimated %{customdata}<extra></extra>")
+    figure.add_bar(name="measured", x=labels, y=[None if v is None else bytes_to_gib(v) for v in measured],
+                   marker_color="#f59e0b", customdata=[format_bytes(v) for v in measured],
+                   hovertemplate="measured %{customdata}<extra></extra>")
+    _capacity_line(figure, capacity_bytes)
+    figure.update_layout(barmode="group", template="plotly_white", title=title,
+                         yaxis_title="peak GiB (2^30 bytes)", xaxis_title="technique", margin=dict(t=60, b=40))
+    return figure
+
+
+def category_comparison_figure(estimated: dict[str, int | None], measured: dict[str, int | None],
+                               title: str = "Estimated against measured, by category") -> go.Figure:
+    """Grouped bars per memory category (keys of CATEGORY_LABELS, plus "peak"), in GiB."""
+    keys = [k for k in (*CATEGORY_LABELS, "peak") if k in estimated or k in measured]
+    labels = [CATEGORY_LABELS.get(k, "Peak (total)") for k in keys]
+    return technique_bars_figure(labels, [estimated.get(k) for k in keys], [measured.get(k) for k in keys],
+                                 title=title).update_layout(xaxis_title="category")
+
+
+def estimate_vs_measured_scatter(estimated: list[int], measured: list[int], labels: list[str],
+                                 band_pct: float = 3.0, title: str = "Estimated against measured peak") -> go.Figure:
+    """One point per run (x measured, y estimated, GiB), the y = x line and a ±band_pct% band."""
+    figure = go.Figure()
+    xs = [bytes_to_gib(m) for m in measured]
+    top = max([*xs, *(bytes_to_gib(e) for e in estimated), 0.001]) * 1.1
+    line_x = [0.0, top]
+    figure.add_scatter(name=f"+{band_pct:g}%", x=line_x, y=[x * (1 + band_pct / 100) for x in line_x], mode="lines",
+                       line=dict(width=0), showlegend=False, hoverinfo="skip")
+    figure.add_scatter(name=f"±{band_pct:g}% band", x=line_x, y=[x * (1 - band_pct / 100) for x in line_x],
+                       mode="lines", line=dict(width=0), fill="tonexty", fillcolor="rgba(37,99,235,0.15)",
+                       hoverinfo="skip")
+    figure.add_scatter(name="y = x", x=line_x, y=line_x, mode="lines", line=dict(color=CAPACITY_COLOR, dash="dot"))
+    figure.add_scatter(name="runs", x=xs, y=[bytes_to_gib(e) for e in estimated], mode="markers", text=labels,
+                       marker=dict(size=9, color="#ef4444"),
+                       hovertemplate="%{text}<br>measured %{x:.3f} GiB<br>estimated %{y:.3f} GiB<extra></extra>")
+    figure.update_layout(template="plotly_white", title=title, xaxis_title="measured peak GiB (2^30 bytes)",
+                         yaxis_title="estimated peak GiB (2^30 bytes)", margin=dict(t=60, b=40))
+    return figure

@@ -92,6 +92,7 @@ class SidebarValues:
     device: str
     gpu_preset: str
     gpu_custom_gib: float
+    gpu_count: int
 
     @classmethod
     def from_state(cls, state: Mapping) -> SidebarValues:
@@ -120,6 +121,7 @@ DEFAULTS: dict[str, object] = {
     "device": Device.CUDA.value,
     "gpu_preset": "T4 · 16 GB",
     "gpu_custom_gib": 16.0,
+    "gpu_count": 1,
 }
 
 
@@ -158,3 +160,22 @@ def capacity_bytes(values: SidebarValues) -> int:
     if values.gpu_custom_gib is None or values.gpu_custom_gib <= 0:
         raise PlannerInputError(f"GPU capacity must be a positive number of GiB, got {values.gpu_custom_gib!r}")
     return round(values.gpu_custom_gib * GIB)
+
+
+def total_capacity_bytes(values: SidebarValues) -> int:
+    """Capacity of all the GPUs together. Display only for now: a plan is per device
+    (each data-parallel replica holds all of it); multi-GPU plans come later."""
+    count = values.gpu_count
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise PlannerInputError(f"number of GPUs must be a positive integer, got {count!r}")
+    return capacity_bytes(values) * count
+
+
+def base_values(values: SidebarValues) -> dict:
+    """The sidebar's scenario as the user-facing values planner.scenario_from_values takes."""
+    return {
+        "task": values.task, "num_labels": values.num_labels, "batch_size": values.batch_size,
+        "seq_len": values.seq_len, "optimizer": values.optimizer, "precision": values.precision,
+        "gradient_checkpointing": values.gradient_checkpointing, "grad_accum": values.grad_accum,
+        "attn": values.attn, "device": values.device,
+    }

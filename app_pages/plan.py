@@ -1,40 +1,28 @@
 """The Plan page: the sidebar's scenario estimated on its model, the peak's breakdown by
-category, whether it fits the chosen GPU and by how much, and where and why the peak is.
+category, whether it fits the chosen GPU and by how much, where and why the peak is, the
+largest batch size and sequence length that fit, and peak against batch size per technique.
 
-Layout only: numbers come from planner.estimate and app_pages.breakdown.
+Layout only: numbers come from planner.estimate and the plain app_pages modules.
 """
 
 import streamlit as st
 
 from app_pages.breakdown import breakdown_table, verdict_for
-from app_pages.figures import phase_breakdown_figure
-from app_pages.inputs import SidebarValues, capacity_bytes, model_config, scenario_for
-from app_pages.model_cache import cached_model_shape
-from planner.errors import PlannerInputError
-from planner.estimate import estimate
+from app_pages.comparison import batch_sizes_for_chart, memory_vs_batch
+from app_pages.figures import memory_vs_batch_figure, phase_breakdown_figure
+from app_pages.fit_search import fit_limits
+from app_pages.inputs import total_capacity_bytes
+from app_pages.page_context import load_context, model_caption
 from planner.units import format_bytes
 
 
 def render() -> None:
     st.title("Plan")
-    values = SidebarValues.from_state(st.session_state)
-    try:
-        chosen = model_config(values)
-        if chosen is None:
-            st.info("Upload a model's config.json in the sidebar, or pick a catalog model.")
-            return
-        config, name = chosen
-        scenario = scenario_for(values)
-        shape = cached_model_shape(config, name, scenario)
-        result = estimate(shape, scenario)
-        capacity = capacity_bytes(values)
-    except PlannerInputError as error:
-        # Bad input is the user's to fix: say what and how, keep the page alive.
-        st.error(str(error), icon=":material/error:")
+    context = load_context()
+    if context is None:
         return
-
-    positions = f", {shape.max_positions:,} positions" if shape.max_positions is not None else ""
-    st.caption(f"**{shape.name}**: {shape.architecture}, {shape.num_parameters:,} parameters{positions}")
+    result, capacity, shape = context.result, context.capacity_bytes, context.shape
+    st.caption(model_caption(shape))
 
     verdict = verdict_for(result, capacity)
     if verdict.fits:
@@ -46,6 +34,21 @@ def render() -> None:
     capacity_column.metric("Capacity", format_bytes(verdict.capacity_bytes))
     margin_column.metric("Margin", f"{verdict.margin_gib:+,.2f} GiB")
     st.markdown(f"The peak is in the **{result.peak_phase.value}** phase: {result.peak_reason}.")
+    if context.values.gpu_count > 1:
+        st.caption(f"{context.values.gpu_count} GPUs: {format_bytes(total_capacity_bytes(context.values))} in all. "
+                   "The plan is per GPU (each data-parallel replica holds all of it); the GPU count only scales "
+                   "this total for now. Multi-GPU plans (sharded states, ZeRO) come in a later version.")
+
+    limits = fit_limits(shape, context.scenario, capacity)
+    batch_column, seq_column = st.columns(2)
+    batch_text = "none" if limits.batch_size is None else f"{limits.batch_size:,}"
+    seq_text = "none" if limits.seq_len is None else f"{limits.seq_len:,}"
+    batch_column.metric("Largest batch size that fits", batch_text,
+                        help=f"Sequences per micro-batch at {context.scenario.seq_len:,} tokens, this scenario otherwise.")
+    seq_column.metric("Largest sequence length that fits", seq_text,
+                      help=f"Tokens at batch size {context.scenario.batch_size:,}, this scenario otherwise.")
+    if limits.seq_len_capped_by_positions:
+        st.caption(f"The sequence length is capped by the model's {shape.max_positions:,} positions, not by memory.")
 
     st.subheader("Live at the peak")
     st.dataframe(
@@ -58,9 +61,17 @@ def render() -> None:
         "Capacity is the total the driver reports; the CUDA context and the caching allocator's "
         "slack take part of it and are not in the peak."
     )
-    st.plotly_chart(phase_breakdown_figure(result, capacity), width="stretch")
+    st.plotly_chart(phase_breakdown_figure(result, capacity), width="stretch", key="phase_chart")
     for note in result.notes:
         st.info(note, icon=":material/info:")
+
+    st.subheader("Peak against batch size, by technique")
+    series = memory_vs_batch(shape, context.base_values, batch_sizes_for_chart(limits.batch_size))
+    st.plotly_chart(memory_vs_batch_figure(series, capacity, title=f"{shape.name}: peak against batch size "
+                                                                  f"at {context.scenario.seq_len:,} tokens"),
+                    width="stretch", key="batch_chart")
+    st.caption("Each technique starts from AdamW fp32 without checkpointing or accumulation; accumulation lines "
+               "split the batch into up to 4 micro-batches. Details on the Techniques page.")
 
 
 render()

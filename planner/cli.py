@@ -52,6 +52,11 @@ def _build_parser() -> argparse.ArgumentParser:
     one.add_argument("--json", action="store_true", help="print one JSON object (integer bytes)")
     many = commands.add_parser("batch", help="estimate one scenario per line of a JSONL file")
     many.add_argument("file", help="JSONL file, one scenario object per line")
+    report = commands.add_parser("report", help="write the plan, its technique comparison and runs as a file")
+    add_scenario_flags(report)
+    report.add_argument("--out", required=True, help="FILE.html, FILE.md, FILE.csv or FILE.json")
+    report.add_argument("--gpu", help="GPU preset name or capacity in GiB, for the fits / does not fit verdict")
+    report.add_argument("--gpu-count", default="1", help="number of GPUs")
     listing = commands.add_parser("catalog", help="list the bundled models")
     listing.add_argument("--json", action="store_true")
     return parser
@@ -149,6 +154,13 @@ def _run_batch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_report(args: argparse.Namespace) -> int:
+    from reporting import write_report
+
+    print(write_report(vars(args), args.out))
+    return 0
+
+
 def _run_catalog(args: argparse.Namespace) -> int:
     entries = catalog_entries()
     if args.json:
@@ -164,7 +176,8 @@ def _run_catalog(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _build_parser().parse_args(argv)
-        handler = {"estimate": _run_estimate, "batch": _run_batch, "catalog": _run_catalog}[args.command]
+        handler = {"estimate": _run_estimate, "batch": _run_batch, "report": _run_report,
+                   "catalog": _run_catalog}[args.command]
         return handler(args)
     except PlannerInputError as error:
         print(f"planner: error: {error}", file=sys.stderr)

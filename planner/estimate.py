@@ -235,7 +235,8 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     if shape.family is ArchFamily.UNKNOWN:
         confidence = Confidence.GENERIC
         notes.append(f"no activation recipe for model_type {shape.model_type!r}: a generic pre-LayerNorm "
-                     "decoder recipe stands in, so activations may be off by tens of percent")
+                     "decoder recipe stands in, so activations may be off by tens of percent; measure it with "
+                     "`python -m runners verify --mode simulate`")
     if scenario.optimizer is Optimizer.PAGED_ADAMW8BIT:
         notes.append("paged 8-bit state lives in CUDA unified memory and can be evicted to CPU RAM; "
                      "it is counted in full here")

@@ -43,3 +43,58 @@ def test_capacity_line_only_when_given(checkpointed_gpt2):
     assert [shape.y0 for shape in with_line.layout.shapes] == [40.0]
     assert "capacity 40.00 GiB" in with_line.layout.annotations[0].text
     assert not phase_breakdown_figure(checkpointed_gpt2).layout.shapes
+
+
+# --- figures of the Plan, Techniques and Verify pages -----------------------------------------
+
+from app_pages.figures import (  # noqa: E402
+    category_comparison_figure,
+    estimate_vs_measured_scatter,
+    memory_vs_batch_figure,
+    technique_bars_figure,
+)
+
+
+def _capacity_lines(figure):
+    return [shape for shape in figure.layout.shapes if shape.type == "line" and shape.y0 == shape.y1]
+
+
+def test_memory_vs_batch_has_a_line_per_technique_and_the_capacity():
+    series = {"AdamW": [(1, GIB), (2, 2 * GIB), (4, None)], "8-bit": [(1, GIB // 2), (2, GIB), (4, 2 * GIB)]}
+    figure = memory_vs_batch_figure(series, 3 * GIB)
+    assert [t.name for t in figure.data] == ["AdamW", "8-bit"]
+    assert list(figure.data[0].x) == [1, 2, 4] and list(figure.data[0].y) == [1.0, 2.0, None]
+    assert figure.layout.xaxis.type == "log" and "batch" in figure.layout.xaxis.title.text
+    assert "GiB" in figure.layout.yaxis.title.text
+    assert [line.y0 for line in _capacity_lines(figure)] == [3.0]
+    assert not _capacity_lines(memory_vs_batch_figure(series))
+
+
+def test_technique_bars_group_estimated_and_measured():
+    figure = technique_bars_figure(["a", "b"], [GIB, 2 * GIB], [None, GIB], 4 * GIB)
+    assert figure.layout.barmode == "group"
+    assert [t.name for t in figure.data] == ["estimated", "measured"]
+    assert list(figure.data[0].y) == [1.0, 2.0] and list(figure.data[1].y) == [None, 1.0]
+    assert "GiB" in figure.layout.yaxis.title.text
+    assert [line.y0 for line in _capacity_lines(figure)] == [4.0]
+
+
+def test_category_comparison_uses_the_category_labels():
+    figure = category_comparison_figure({"weights": GIB, "peak": 2 * GIB}, {"weights": GIB // 2, "peak": GIB})
+    assert list(figure.data[0].x) == ["Weights", "Peak (total)"]
+    assert list(figure.data[1].y) == [0.5, 1.0]
+    assert figure.layout.xaxis.title.text == "category"
+
+
+def test_scatter_has_y_equals_x_and_a_three_percent_band():
+    figure = estimate_vs_measured_scatter([GIB, 2 * GIB], [GIB, GIB], ["r1", "r2"])
+    names = [t.name for t in figure.data]
+    assert "y = x" in names and "±3% band" in names and "runs" in names
+    identity = figure.data[names.index("y = x")]
+    assert list(identity.x) == list(identity.y)
+    upper, lower = figure.data[0], figure.data[names.index("±3% band")]
+    assert upper.y[1] == pytest.approx(upper.x[1] * 1.03) and lower.y[1] == pytest.approx(lower.x[1] * 0.97)
+    assert lower.fill == "tonexty"
+    runs = figure.data[names.index("runs")]
+    assert list(runs.x) == [1.0, 1.0] and list(runs.y) == [1.0, 2.0]
+    assert "measured" in figure.layout.xaxis.title.text and "GiB" in figure.layout.yaxis.title.text

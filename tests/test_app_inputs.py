@@ -124,8 +124,9 @@ def test_breakdown_table_rows_sum_to_the_peak():
 
 def test_breakdown_pins_the_lessons_distilbert_adamw_state():
     # Course figure (DESIGN.md): AdamW holds 131,566,188 elements for DistilBERT + 2-label head
-    # (two fp32 moments per parameter plus one fp32 step per tensor, 104 tensors).
-    table = breakdown_table(_distilbert_estimate())
+    # (two fp32 moments per parameter plus one fp32 step per tensor, 104 tensors): every
+    # tensor of the state, which is the CPU figure (on CUDA `step` stays on the host).
+    table = breakdown_table(_distilbert_estimate(device="cpu"))
     state = int(table.loc[table["category"] == "Optimizer state", "bytes"].iloc[0])
     assert state == 131_566_188 * 4 == (2 * 65_783_042 + 104) * 4
 

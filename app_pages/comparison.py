@@ -1,0 +1,212 @@
+"""The lessons' memory-saving techniques, applied to one model and batch, with no Streamlit
+here: what each changes in the scenario, what it costs, its estimated peak, its saving
+against the AdamW fp32 baseline, and a measured peak where the run history holds a run of
+exactly that scenario.
+
+The techniques and their costs follow ../shared/seeds/ (lesson 1 Adafactor, lesson 2
+8-bit Adam with mixed precision, lesson 3 gradient checkpointing and accumulation).
+Scenario values are the user-facing names of planner.scenario.scenario_from_values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from planner.errors import PlannerInputError
+from planner.estimate import Estimate, estimate
+from planner.model_shape import ModelShape
+from planner.scenario import scenario_from_values
+from planner.units import format_bytes
+
+# Accumulation keeps the effective batch: micro-batch = batch / k with the largest of
+# these k that divides the batch (k = 1 leaves the scenario as it is).
+ACCUMULATION_STEPS = (4, 2)
+# Values a technique may set; the rest (task, labels, batch, sequence, attention,
+# device, engine) come from the sidebar.
+TECHNIQUE_KEYS = ("optimizer", "precision", "gradient_checkpointing", "grad_accum")
+BASELINE_VALUES = {"optimizer": "adamw", "precision": "fp32", "gradient_checkpointing": False, "grad_accum": 1}
+# A run matches a scenario when these agree (device aside: verify measures on the kind it runs on).
+MATCH_KEYS = ("task", "num_labels", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
+              "grad_accum", "attn", "engine")
+
+RECOMPUTE_COST = "≈ one extra forward per step (≈ +33% compute: forward ≈ 1/3 of forward+backward)"
+ACCUMULATION_COST = "k× more, k× smaller micro-batches per optimizer step (same effective batch, less parallelism)"
+OPTIMIZER_APPROX_COST = "an approximation of Adam's statistics"
+
+
+@dataclass(frozen=True)
+class Technique:
+    key: str
+    label: str
+    changes: Mapping[str, object] = field(default_factory=dict)
+    accumulate: bool = False  # split the batch into ACCUMULATION_STEPS micro-batches
+    cost: str = ""
+    lesson: str = ""
+
+
+TECHNIQUES: tuple[Technique, ...] = (
+    Technique("baseline", "AdamW fp32 (baseline)", {}, cost="none: the reference", lesson="all"),
+    Technique("adafactor", "Adafactor", {"optimizer": "adafactor"},
+              cost=f"{OPTIMIZER_APPROX_COST}: factored second moment, no momentum", lesson="1"),
+    Technique("adam8bit", "8-bit Adam", {"optimizer": "adam8bit"},
+              cost=f"{OPTIMIZER_APPROX_COST}: block-wise 8-bit quantised states", lesson="2"),
+    Technique("bf16", "bf16 mixed precision", {"precision": "bf16-mixed"},
+              cost="16-bit rounding in matmuls; autocast copies of the weights", lesson="2"),
+    Technique("checkpointing", "Gradient checkpointing", {"gradient_checkpointing": True},
+              cost=RECOMPUTE_COST, lesson="3"),
+    Technique("accumulation", "Gradient accumulation (same effective batch)", {}, accumulate=True,
+              cost=ACCUMULATION_COST, lesson="3"),
+    Technique("adam8bit+bf16", "8-bit Adam + bf16 mixed", {"optimizer": "adam8bit", "precision": "bf16-mixed"},
+              cost=f"{OPTIMIZER_APPROX_COST}; 16-bit rounding", lesson="2"),
+    Technique("checkpointing+accumulation", "Checkpointing + accumulation", {"gradient_checkpointing": True},
+              accumulate=True, cost=f"{RECOMPUTE_COST}; {ACCUMULATION_COST}", lesson="3"),
+    Technique("all", "8-bit Adam + bf16 + checkpointing + accumulation",
+              {"optimizer": "adam8bit", "precision": "bf16-mixed", "gradient_checkpointing": True},
+              accumulate=True, cost="all of the above", lesson="2, 3"),
+    Technique("adafactor+bf16+checkpointing", "Adafactor + bf16 + checkpointing",
+              {"optimizer": "adafactor", "precision": "bf16-mixed", "gradient_checkpointing": True},
+              cost=f"{OPTIMIZER_APPROX_COST}; 16-bit rounding; {RECOMPUTE_COST}", lesson="1, 2, 3"),
+)
+TECHNIQUES_BY_KEY = {t.key: t for t in TECHNIQUES}
+
+
+def accumulation_steps_for(batch_size: int) -> int:
+    return next((k for k in ACCUMULATION_STEPS if batch_size % k == 0 and batch_size > 1), 1)
+
+
+def technique_values(base: Mapping[str, object], technique: Technique) -> dict:
+    """Scenario values of `technique` on `base` (the sidebar's values; its optimizer,
+    precision, checkpointing and accumulation are replaced by the baseline's)."""
+    values = {**base, **BASELINE_VALUES, **technique.changes}
+    if technique.accumulate:
+        k = accumulation_steps_for(int(values["batch_size"]))
+        values["grad_accum"] = k
+        values["batch_size"] = int(values["batch_size"]) // k
+    return values
+
+
+def technique_estimate(shape: ModelShape, base: Mapping[str, object], technique: Technique) -> Estimate:
+    return estimate(shape, scenario_from_values(**technique_values(base, technique)))
+
+
+def matching_run(records: Iterable, model_name: str, config: dict | None, values: Mapping[str, object]):
+    """The newest finished-ok run (RunRecord, newest first in `records`) of this model and
+    exactly these scenario values; None without one. `config` None: match on the name alone."""
+    wanted = {k: values.get(k) for k in MATCH_KEYS}
+    wanted["engine"] = wanted["engine"] or "accelerate"
+    for record in records:
+        if record.status.value != "ok" or record.model_name != model_name or not record.measurement:
+            continue
+        if config is not None and record.scenario.get("model_config") != config:
+            continue
+        scenario = record.scenario
+        got = {k: scenario.get(k) for k in MATCH_KEYS}
+        got["engine"] = got["engine"] or "accelerate"
+        if _same(got, wanted):
+            return record
+    return None
+
+
+def _same(a: Mapping, b: Mapping) -> bool:
+    for key in MATCH_KEYS:
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, bool) or isinstance(y, bool):
+            if bool(x) != bool(y):
+                return False
+        elif str(x) != str(y):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class TechniqueRow:
+    technique: Technique
+    values: dict  # scenario values
+    estimate: Estimate | None
+    error: str | None  # why it could not be estimated
+    measured_peak_bytes: int | None
+    measured_mode: str | None
+    measured_run_id: str | None
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return None if self.estimate is None else self.estimate.peak_bytes
+
+
+def compare_techniques(shape: ModelShape, base: Mapping[str, object], records: Iterable = (),
+                       config: dict | None = None, techniques: Iterable[Technique] = TECHNIQUES) -> list[TechniqueRow]:
+    records = list(records)
+    rows = []
+    for technique in techniques:
+        values = technique_values(base, technique)
+        try:
+            result, error = estimate(shape, scenario_from_values(**values)), None
+        except PlannerInputError as problem:
+            result, error = None, str(problem)
+        run = matching_run(records, shape.name, config, values)
+        rows.append(TechniqueRow(
+            technique, values, result, error,
+            None if run is None else run.measurement.get("peak_bytes"),
+            None if run is None else run.mode.value,
+            None if run is None else run.id))
+    return rows
+
+
+def saving_pct(baseline_bytes: int | None, peak: int | None) -> float | None:
+    """Saving against the baseline, percent of the baseline's peak (positive: less memory)."""
+    if baseline_bytes is None or peak is None or baseline_bytes == 0:
+        return None
+    return (baseline_bytes - peak) / baseline_bytes * 100.0
+
+
+def comparison_table(rows: list[TechniqueRow], capacity_bytes: int | None = None) -> pd.DataFrame:
+    """One row per technique: raw bytes and formatted sizes side by side."""
+    baseline = next((r.peak_bytes for r in rows if r.technique.key == "baseline"), None)
+    table = pd.DataFrame({
+        "technique": [r.technique.label for r in rows],
+        "micro-batch × accumulation": [f"{r.values['batch_size']} × {r.values['grad_accum']}" for r in rows],
+        "estimated peak (bytes)": pd.array([r.peak_bytes for r in rows], dtype="Int64"),
+        "estimated peak": [format_bytes(r.peak_bytes) if r.error is None else r.error for r in rows],
+        "saving vs baseline (%)": [saving_pct(baseline, r.peak_bytes) for r in rows],
+        "measured peak (bytes)": pd.array([r.measured_peak_bytes for r in rows], dtype="Int64"),
+        "measured peak": [format_bytes(r.measured_peak_bytes) if r.measured_peak_bytes is not None else "no run"
+                          for r in rows],
+        "measured by": [r.measured_mode or "" for r in rows],
+        "cost": [r.technique.cost for r in rows],
+        "lesson": [r.technique.lesson for r in rows],
+    })
+    if capacity_bytes is not None:
+        table.insert(4, "fits", [None if r.peak_bytes is None else r.peak_bytes <= capacity_bytes for r in rows])
+    return table
+
+
+# Batch sizes for the memory-vs-batch chart: powers of two from 1.
+def batch_sizes_for_chart(largest: int | None, at_least: int = 64, at_most: int = 4096) -> list[int]:
+    top = max(at_least, 2 * largest if largest else at_least)
+    top = min(top, at_most)
+    sizes, b = [], 1
+    while b <= top:
+        sizes.append(b)
+        b *= 2
+    return sizes
+
+
+CHART_TECHNIQUES = tuple(t for t in TECHNIQUES if t.key != "accumulation")
+
+
+def memory_vs_batch(shape: ModelShape, base: Mapping[str, object], batch_sizes: Iterable[int],
+                    techniques: Iterable[Technique] = CHART_TECHNIQUES) -> dict[str, list[tuple[int, int | None]]]:
+    """technique label -> [(effective batch, peak bytes or None where it cannot be estimated)]."""
+    series = {}
+    for technique in techniques:
+        points = []
+        for b in batch_sizes:
+            try:
+                points.append((b, technique_estimate(shape, {**base, "batch_size": b}, technique).peak_bytes))
+            except PlannerInputError:
+                points.append((b, None))
+        series[technique.label] = points
+    return series

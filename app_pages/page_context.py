@@ -1,0 +1,56 @@
+"""Streamlit glue every page shares: the sidebar's model and scenario, loaded once per
+rerun, with bad input shown as one error line (the page then stops drawing, the app lives on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from app_pages.inputs import SidebarValues, base_values, capacity_bytes, model_config, scenario_for
+from app_pages.model_cache import cached_model_shape
+from planner.errors import PlannerInputError
+from planner.estimate import Estimate, estimate
+from planner.model_shape import ModelShape
+from planner.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class PageContext:
+    values: SidebarValues
+    config: dict
+    name: str
+    shape: ModelShape
+    scenario: Scenario
+    result: Estimate
+    capacity_bytes: int
+
+    @property
+    def base_values(self) -> dict:
+        return base_values(self.values)
+
+
+def load_context() -> PageContext | None:
+    """The chosen model's shape and the sidebar scenario's estimate; None (after saying why) when unusable."""
+    values = SidebarValues.from_state(st.session_state)
+    try:
+        chosen = model_config(values)
+        if chosen is None:
+            st.info("Upload a model's config.json in the sidebar, or pick a catalog model.")
+            return None
+        config, name = chosen
+        scenario = scenario_for(values)
+        shape = cached_model_shape(config, name, scenario)
+        result = estimate(shape, scenario)
+        capacity = capacity_bytes(values)
+    except PlannerInputError as error:
+        # Bad input is the user's to fix: say what and how, keep the page alive.
+        st.error(str(error), icon=":material/error:")
+        return None
+    return PageContext(values, config, name, shape, scenario, result, capacity)
+
+
+def model_caption(shape: ModelShape) -> str:
+    positions = f", {shape.max_positions:,} positions" if shape.max_positions is not None else ""
+    return f"**{shape.name}**: {shape.architecture}, {shape.num_parameters:,} parameters{positions}"

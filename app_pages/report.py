@@ -1,0 +1,54 @@
+"""The Report page: the current plan, its technique comparison and this model's
+verification runs, downloaded as self-contained HTML, Markdown, CSV or JSON.
+
+Layout only: reporting.build_report computes, reporting.render_report writes.
+"""
+
+import re
+
+import streamlit as st
+
+from app_pages.history_access import recent_runs
+from app_pages.inputs import total_capacity_bytes
+from app_pages.page_context import load_context, model_caption
+from planner.errors import PlannerInputError
+from planner.units import format_bytes
+from reporting import build_report, render_report
+from reporting.build import MIME_TYPES
+
+FORMAT_LABELS = {"html": "HTML (interactive charts, works offline)", "md": "Markdown", "csv": "CSV", "json": "JSON"}
+
+
+def render() -> None:
+    st.title("Report")
+    context = load_context()
+    if context is None:
+        return
+    st.caption(model_caption(context.shape))
+    records, problem = recent_runs(limit=1000, model=context.name)
+    if problem:
+        st.warning(problem, icon=":material/warning:")
+    try:
+        report = build_report(context.shape, context.base_values, context.capacity_bytes, context.values.gpu_preset,
+                              context.values.gpu_count, records, context.config)
+    except PlannerInputError as error:
+        st.error(str(error), icon=":material/error:")
+        return
+    st.metric("Peak of this plan", format_bytes(report.estimate.peak_bytes))
+    st.markdown(
+        f"The plan ({format_bytes(report.estimate.peak_bytes)} peak on {report.gpu_label}, "
+        f"{format_bytes(total_capacity_bytes(context.values))} over {report.gpu_count} GPU(s)), "
+        f"{len(report.techniques)} techniques and {len(report.runs)} verification run(s) of this model."
+    )
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", context.name.removesuffix(".json")) + "-memory-plan"
+    columns = st.columns(len(FORMAT_LABELS))
+    for column, (fmt, label) in zip(columns, FORMAT_LABELS.items()):
+        # HTML carries plotly.js (several MB): built only when its button is clicked.
+        data = (lambda report=report: render_report(report, "html")) if fmt == "html" else render_report(report, fmt)
+        column.download_button(label, data=data, file_name=f"{stem}.{fmt}", mime=MIME_TYPES[fmt],
+                               key=f"download_{fmt}", width="stretch", on_click="ignore")
+    with st.expander("Markdown preview", expanded=True):
+        st.markdown(render_report(report, "md"))
+
+
+render()

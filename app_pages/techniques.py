@@ -1,0 +1,56 @@
+"""The Techniques page: the lessons' memory-saving techniques on the chosen model and batch,
+estimated side by side (and measured, where the run history holds a run of exactly that
+scenario), with the saving against the AdamW fp32 baseline and what each costs.
+
+Layout only: rows come from app_pages.comparison, figures from app_pages.figures.
+"""
+
+import streamlit as st
+
+from app_pages.comparison import compare_techniques, comparison_table
+from app_pages.figures import technique_bars_figure
+from app_pages.history_access import recent_runs
+from app_pages.page_context import load_context, model_caption
+
+
+def render() -> None:
+    st.title("Techniques")
+    context = load_context()
+    if context is None:
+        return
+    st.caption(model_caption(context.shape))
+    scenario = context.scenario
+    st.markdown(
+        f"Each row starts from the sidebar's batch of **{scenario.batch_size}** × **{scenario.seq_len:,}** tokens "
+        f"({scenario.task.value}, {scenario.attention.value} attention, {scenario.device.value}) with AdamW in fp32, "
+        "no checkpointing and no accumulation, and changes only what the technique names. The sidebar's optimizer, "
+        "precision, checkpointing and accumulation are not used here."
+    )
+    records, problem = recent_runs(status="ok", model=context.name)
+    if problem:
+        st.warning(problem, icon=":material/warning:")
+    rows = compare_techniques(context.shape, context.base_values, records, context.config)
+    table = comparison_table(rows, context.capacity_bytes)
+    st.dataframe(
+        table, hide_index=True, key="techniques_table",
+        column_config={
+            "estimated peak (bytes)": st.column_config.NumberColumn(format="localized"),
+            "measured peak (bytes)": st.column_config.NumberColumn(format="localized"),
+            "saving vs baseline (%)": st.column_config.NumberColumn(format="%.1f%%"),
+        },
+    )
+    st.plotly_chart(
+        technique_bars_figure([r.technique.label for r in rows], [r.peak_bytes for r in rows],
+                              [r.measured_peak_bytes for r in rows], context.capacity_bytes,
+                              title=f"{context.shape.name}: peak by technique"),
+        width="stretch", key="techniques_chart")
+    measured = sum(r.measured_peak_bytes is not None for r in rows)
+    st.caption(
+        f"Measured: {measured} of {len(rows)} techniques have a finished run of exactly this scenario in the run "
+        "history (any device kind; the newest is shown). Start runs on the Verify page. Costs: checkpointing "
+        "recomputes each block's forward during backward (≈ one extra forward, ≈ +33% compute); accumulation "
+        "takes k smaller micro-batches per optimizer step; Adafactor and 8-bit Adam approximate Adam's statistics."
+    )
+
+
+render()

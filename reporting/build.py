@@ -1,0 +1,296 @@
+"""The report's content (build_report) and its four renderings (render_report).
+
+All user-supplied text (model and file names, run reasons, notes) is escaped with
+html.escape in HTML and has its table-breaking characters escaped in Markdown.
+Raw bytes are kept in every format; formatted sizes (binary units) sit beside them.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+from app_pages.breakdown import breakdown_table, verdict_for
+from app_pages.comparison import (
+    TechniqueRow,
+    batch_sizes_for_chart,
+    compare_techniques,
+    comparison_table,
+    memory_vs_batch,
+    saving_pct,
+)
+from app_pages.figures import (
+    estimate_vs_measured_scatter,
+    memory_vs_batch_figure,
+    phase_breakdown_figure,
+    technique_bars_figure,
+)
+from app_pages.fit_search import FitLimits, fit_limits
+from app_pages.verify_results import history_table, scatter_points
+from planner.errors import PlannerInputError
+from planner.estimate import Estimate, estimate
+from planner.model_shape import ModelShape
+from planner.scenario import scenario_from_values
+from planner.units import GIB, format_bytes
+
+FORMATS = ("html", "md", "csv", "json")
+SCENARIO_KEYS = ("task", "num_labels", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
+                 "grad_accum", "attn", "device", "engine")
+
+
+@dataclass(frozen=True)
+class Report:
+    generated_at: str  # ISO 8601, UTC
+    shape: ModelShape
+    values: dict  # the plan's scenario values (user-facing names)
+    estimate: Estimate
+    capacity_bytes: int
+    gpu_label: str
+    gpu_count: int
+    limits: FitLimits
+    techniques: list[TechniqueRow]
+    runs: pd.DataFrame  # verify_results.history_table of this model's runs
+    batch_series: dict
+
+    @property
+    def title(self) -> str:
+        return f"Training memory plan: {self.shape.name}"
+
+
+def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes: int, gpu_label: str,
+                 gpu_count: int = 1, records: Iterable = (), config: dict | None = None) -> Report:
+    """Everything a report shows, computed once. `records`: RunRecords (newest first) whose
+    runs of this model are listed and matched to the techniques."""
+    values = {k: v for k, v in values.items() if k in SCENARIO_KEYS}
+    scenario = scenario_from_values(**values)
+    result = estimate(shape, scenario)
+    records = [r for r in records if r.model_name == shape.name]
+    limits = fit_limits(shape, scenario, capacity_bytes)
+    return Report(
+        generated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        shape=shape, values=dict(values), estimate=result, capacity_bytes=capacity_bytes, gpu_label=gpu_label,
+        gpu_count=gpu_count, limits=limits,
+        techniques=compare_techniques(shape, values, records, config),
+        runs=history_table(records),
+        batch_series=memory_vs_batch(shape, values, batch_sizes_for_chart(limits.batch_size)),
+    )
+
+
+# --- renderings ---------------------------------------------------------------------------
+
+def _plan_json(report: Report) -> dict:
+    verdict = verdict_for(report.estimate, report.capacity_bytes)
+    return {
+        "estimate": report.estimate.to_json(),
+        "gpu": report.gpu_label, "gpu_count": report.gpu_count,
+        "capacity_bytes": report.capacity_bytes, "total_capacity_bytes": report.capacity_bytes * report.gpu_count,
+        "fits": verdict.fits, "margin_bytes": verdict.margin_bytes,
+        "largest_batch_size": report.limits.batch_size, "largest_seq_len": report.limits.seq_len,
+    }
+
+
+def to_json(report: Report) -> str:
+    baseline = next((r.peak_bytes for r in report.techniques if r.technique.key == "baseline"), None)
+    data = {
+        "title": report.title, "generated_at": report.generated_at,
+        "model": {"name": report.shape.name, "architecture": report.shape.architecture,
+                  "num_parameters": report.shape.num_parameters},
+        "scenario": report.values,
+        "plan": _plan_json(report),
+        "techniques": [{
+            "key": r.technique.key, "label": r.technique.label, "scenario": r.values,
+            "estimated_peak_bytes": r.peak_bytes, "error": r.error,
+            "saving_vs_baseline_pct": saving_pct(baseline, r.peak_bytes),
+            "measured_peak_bytes": r.measured_peak_bytes, "measured_mode": r.measured_mode,
+            "measured_run_id": r.measured_run_id, "cost": r.technique.cost,
+        } for r in report.techniques],
+        "runs": json.loads(report.runs.to_json(orient="records")),
+    }
+    return json.dumps(data, indent=2)
+
+
+def _plan_table(report: Report) -> pd.DataFrame:
+    table = breakdown_table(report.estimate)
+    return table.rename(columns={"size": "size (binary units)"})
+
+
+def _technique_table(report: Report) -> pd.DataFrame:
+    return comparison_table(report.techniques, report.capacity_bytes)
+
+
+def _summary_lines(report: Report) -> list[str]:
+    verdict = verdict_for(report.estimate, report.capacity_bytes)
+    s = report.estimate.scenario
+    limits = report.limits
+    lines = [
+        f"Model: {report.shape.name} ({report.shape.architecture}, {report.shape.num_parameters:,} parameters)",
+        f"Scenario: {s.task.value}, batch {s.batch_size} × {s.seq_len:,} tokens, {s.optimizer.value}, "
+        f"{s.precision.value}, checkpointing {'on' if report.values.get('gradient_checkpointing') else 'off'}, "
+        f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}",
+        f"GPU: {report.gpu_label} × {report.gpu_count} ({format_bytes(report.capacity_bytes)} each; "
+        "the plan is per GPU)",
+        verdict.headline,
+        f"Peak phase: {report.estimate.peak_phase.value}: {report.estimate.peak_reason}.",
+        f"Largest batch size that fits: {limits.batch_size if limits.batch_size is not None else 'none'}; "
+        f"largest sequence length: {limits.seq_len if limits.seq_len is not None else 'none'}"
+        + (" (the model's positions)" if limits.seq_len_capped_by_positions else ""),
+    ]
+    return lines + [f"Note: {note}" for note in report.estimate.notes]
+
+
+def _md_cell(value: object) -> str:
+    if value is None or (isinstance(value, float) and value != value) or value is pd.NA:
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    text = str(value)
+    for char in ("\\", "|", "`", "*", "_", "<", ">", "[", "]"):
+        text = text.replace(char, "\\" + char)
+    return text.replace("\n", " ")
+
+
+def _md_table(table: pd.DataFrame) -> str:
+    header = "| " + " | ".join(_md_cell(c) for c in table.columns) + " |"
+    rule = "|" + "|".join("---" for _ in table.columns) + "|"
+    rows = ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join([header, rule, *rows])
+
+
+def to_markdown(report: Report) -> str:
+    parts = [f"# {_md_cell(report.title)}", "", f"Generated {report.generated_at}.", ""]
+    parts += [f"- {_md_cell(line)}" for line in _summary_lines(report)]
+    parts += ["", "## Live at the peak", "", _md_table(_plan_table(report)),
+              "", "## Techniques", "", _md_table(_technique_table(report)),
+              "", "## Verification runs", ""]
+    parts.append(_md_table(report.runs) if not report.runs.empty else "No verification runs recorded for this model.")
+    return "\n".join(parts) + "\n"
+
+
+def to_csv(report: Report) -> str:
+    """One table, a `section` column telling the plan's rows, the techniques' and the runs' apart."""
+    sections = [_plan_table(report).assign(section="plan"), _technique_table(report).assign(section="techniques")]
+    if not report.runs.empty:
+        sections.append(report.runs.assign(section="runs"))
+    # Nullable integers, so bytes stay integers where other sections leave the column empty.
+    sections = [t.astype({c: "Int64" for c in t.columns if pd.api.types.is_integer_dtype(t[c])}) for t in sections]
+    table = pd.concat(sections, ignore_index=True)
+    table = table[["section", *[c for c in table.columns if c != "section"]]]
+    buffer = io.StringIO()
+    table.to_csv(buffer, index=False)
+    return buffer.getvalue()
+
+
+def figures(report: Report) -> list:
+    rows = report.techniques
+    found = [
+        phase_breakdown_figure(report.estimate, report.capacity_bytes),
+        memory_vs_batch_figure(report.batch_series, report.capacity_bytes,
+                               title=f"Peak against batch size at {report.estimate.scenario.seq_len:,} tokens"),
+        technique_bars_figure([r.technique.label for r in rows], [r.peak_bytes for r in rows],
+                              [r.measured_peak_bytes for r in rows], report.capacity_bytes),
+    ]
+    estimated, measured, labels = scatter_points(report.runs)
+    if estimated:
+        found.append(estimate_vs_measured_scatter(estimated, measured, labels))
+    return found
+
+
+def to_html(report: Report) -> str:
+    e = html.escape
+    charts = []
+    for i, figure in enumerate(figures(report)):
+        # plotly.js once, inline, in the first chart: the file opens with no network.
+        charts.append(figure.to_html(full_html=False, include_plotlyjs=(i == 0), config={"responsive": True}))
+    runs = (report.runs.to_html(index=False, escape=True, na_rep="", border=0, classes="table")
+            if not report.runs.empty else "<p>No verification runs recorded for this model.</p>")
+    body = "\n".join([
+        f"<h1>{e(report.title)}</h1>",
+        f"<p class='muted'>Generated {e(report.generated_at)}. Sizes in binary units (GiB = 2<sup>30</sup> bytes).</p>",
+        "<ul>" + "".join(f"<li>{e(line)}</li>" for line in _summary_lines(report)) + "</ul>",
+        "<h2>Live at the peak</h2>",
+        _plan_table(report).to_html(index=False, escape=True, border=0, classes="table"),
+        charts[0], charts[1],
+        "<h2>Techniques</h2>",
+        _technique_table(report).to_html(index=False, escape=True, na_rep="", border=0, classes="table"),
+        charts[2],
+        "<h2>Verification runs</h2>", runs, *charts[3:],
+    ])
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#1f2937}"
+             ".table{border-collapse:collapse;font-size:13px;margin:1em 0}"
+             ".table td,.table th{border-bottom:1px solid #e5e7eb;padding:4px 8px;text-align:left}"
+             ".muted{color:#6b7280}")
+    return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{e(report.title)}</title>"
+            f"<style>{style}</style></head><body>\n{body}\n</body></html>\n")
+
+
+RENDERERS = {"html": to_html, "md": to_markdown, "csv": to_csv, "json": to_json}
+MIME_TYPES = {"html": "text/html", "md": "text/markdown", "csv": "text/csv", "json": "application/json"}
+
+
+def render_report(report: Report, fmt: str) -> str:
+    if fmt not in RENDERERS:
+        raise PlannerInputError(f"unknown report format {fmt!r}: use one of {', '.join(FORMATS)}")
+    return RENDERERS[fmt](report)
+
+
+# --- the command line ---------------------------------------------------------------------
+
+def report_for_values(values: Mapping[str, object], base_dir: Path | None = None, records: Iterable = ()) -> Report:
+    """A report from the CLI's scenario values (estimate_from_values' keys, plus optional
+    `gpu`: a preset name from app_pages.inputs.GPU_PRESETS or a size in GiB, default the
+    first preset; `gpu_count`, default 1; `hub`: allow fetching the config)."""
+    from app_pages.inputs import GPU_PRESETS
+    from planner.loading import load_model_shape
+
+    if not isinstance(values.get("config"), str):
+        raise PlannerInputError("report needs --config: a catalog name or a config.json path")
+    scenario_values = {k: values[k] for k in SCENARIO_KEYS if values.get(k) is not None}
+    scenario = scenario_from_values(**scenario_values)
+    gpu = values.get("gpu") or next(iter(GPU_PRESETS))
+    if gpu in GPU_PRESETS and GPU_PRESETS[gpu] is not None:
+        capacity, label = GPU_PRESETS[gpu], str(gpu)
+    else:
+        try:
+            gib = float(gpu)
+        except (TypeError, ValueError):
+            presets = ", ".join(repr(p) for p, size in GPU_PRESETS.items() if size is not None)
+            raise PlannerInputError(f"unknown GPU {gpu!r}: give a size in GiB or one of {presets}") from None
+        if not 0 < gib < float("inf"):
+            raise PlannerInputError(f"GPU size must be a positive number of GiB, got {gpu!r}")
+        capacity, label = round(gib * GIB), f"{gib:g} GiB"
+    count = values.get("gpu_count") or 1
+    if isinstance(count, str) and count.isdigit():
+        count = int(count)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise PlannerInputError(f"number of GPUs must be a positive integer, got {count!r}")
+    shape = load_model_shape(values["config"], scenario.task, scenario.num_labels, base_dir=base_dir,
+                             allow_hub=bool(values.get("hub")))
+    return build_report(shape, scenario_values, capacity, label, count, records)
+
+
+def write_report(values: Mapping[str, object], out_path: str | Path) -> Path:
+    """Write the report for `values` (see report_for_values) to `out_path`; its suffix
+    (.html, .md, .csv, .json) picks the format. Lists this model's runs from the default
+    run history when one can be read. Returns the path written."""
+    out = Path(out_path)
+    fmt = out.suffix.lower().lstrip(".")
+    fmt = "md" if fmt == "markdown" else fmt
+    if fmt not in FORMATS:
+        raise PlannerInputError(f"--out {str(out)!r}: the file name must end in .html, .md, .csv or .json")
+    from app_pages.history_access import recent_runs
+
+    records, _ = recent_runs(limit=1000)
+    report = report_for_values(values, base_dir=Path.cwd(), records=records)
+    text = render_report(report, fmt)
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise PlannerInputError(f"cannot write {str(out)!r}: {error.strerror}") from None
+    return out

@@ -1,0 +1,278 @@
+"""Every dashboard page through AppTest (Plan additions, Techniques, Verify, Report) and the
+shared controls (query string, GPU count). Numbers shown are checked against the planner
+and the plain app_pages modules called directly, never against the page's own arithmetic.
+
+The run history is a fresh SQLite file per test (PLANNER_DATA_DIR). The Verify page's runs
+go through a fake runner except one real run: a tiny Llama config, simulated, 2 steps.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app_pages import run_queue
+from app_pages.comparison import TECHNIQUES, compare_techniques
+from app_pages.fit_search import fit_limits
+from app_pages.inputs import DEFAULTS, GPU_PRESETS
+from planner.catalog import CATALOG_DIR
+from planner.config_source import config_from_bytes
+from planner.errors import PlannerInputError
+from planner.estimate import estimate
+from planner.loading import load_model_shape, model_shape_for_config
+from planner.scenario import Task, scenario_from_values
+from planner.units import format_bytes
+from runners.history import RunHistory
+from tests.conftest import CONFIGS
+
+APP = Path(__file__).resolve().parents[1] / "app.py"
+TIMEOUT_S = 60
+SCENARIO_KEYS = ("task", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
+                 "grad_accum", "attn", "device", "num_labels")
+PAGES = ("plan", "techniques", "verify", "report")
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLANNER_DATA_DIR", str(tmp_path / "data"))
+    yield
+    run_queue.set_queue(None)
+
+
+def app(page: str = "plan", query: dict | None = None) -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
+    if query:
+        at.query_params.update(query)
+    at.run()
+    if page != "plan":
+        at.switch_page(f"app_pages/{page}.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def values(**overrides) -> dict:
+    return {key: DEFAULTS[key] for key in SCENARIO_KEYS} | overrides
+
+
+def shape_for(model: str = DEFAULTS["catalog_model"], **overrides):
+    scenario = scenario_from_values(**values(**overrides))
+    return load_model_shape(model, scenario.task, scenario.num_labels), scenario
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def shown_peak(at: AppTest, page: str) -> str | int:
+    """The headline number each page shows for the sidebar's scenario."""
+    if page == "plan":
+        return metric(at, "Peak")
+    if page == "techniques":
+        return int(at.dataframe[0].value["estimated peak (bytes)"].iloc[0])
+    if page == "verify":
+        return metric(at, "Estimated peak of this plan")
+    return metric(at, "Peak of this plan")
+
+
+def expected_peak(page: str, model: str = DEFAULTS["catalog_model"], config: dict | None = None,
+                  name: str | None = None, **overrides):
+    scenario = scenario_from_values(**values(**overrides))
+    shape = (model_shape_for_config(config, scenario.task, scenario.num_labels, name) if config is not None
+             else load_model_shape(model, scenario.task, scenario.num_labels))
+    if page == "techniques":
+        return compare_techniques(shape, values(**overrides))[0].peak_bytes
+    return format_bytes(estimate(shape, scenario).peak_bytes)
+
+
+def upload(at: AppTest, data: bytes) -> AppTest:
+    if at.radio(key="model_source").value != "upload":
+        at.radio(key="model_source").set_value("upload").run()
+    return at.file_uploader(key="config_upload").set_value(("config.json", data, "application/json")).run()
+
+
+# --- every page: render, a widget, an upload, a bad upload ------------------------------------
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_renders_by_default(page):
+    at = app(page)
+    assert not at.error, [e.value for e in at.error]
+    assert at.title[0].value == page.capitalize()
+    assert shown_peak(at, page) == expected_peak(page)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_batch_size_widget_changes_the_numbers(page):
+    at = app(page)
+    before = shown_peak(at, page)
+    at.number_input(key="batch_size").set_value(32).run()
+    assert not at.exception and not at.error
+    assert shown_peak(at, page) == expected_peak(page, batch_size=32) != before
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_uploaded_config_is_used(page):
+    data = (CATALOG_DIR / "opt-125m.json").read_bytes()
+    at = upload(app(page), data)
+    assert not at.exception and not at.error
+    assert at.caption[0].value.startswith("**config.json**: OPTForSequenceClassification")
+    assert shown_peak(at, page) == expected_peak(page, config=json.loads(data), name="config.json")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_bad_upload_shows_an_error_and_the_page_recovers(page):
+    data = b'{"model_type": "no-such-architecture"}'
+    with pytest.raises(PlannerInputError) as raised:
+        model_shape_for_config(config_from_bytes(data, "config.json"), Task.SEQUENCE_CLASSIFICATION, 2, "c")
+    at = upload(app(page), data)
+    assert not at.exception
+    assert [e.value for e in at.error] == [str(raised.value)]
+    good = (CATALOG_DIR / "opt-125m.json").read_bytes()
+    at = upload(at, good)
+    assert not at.exception and not at.error
+    assert shown_peak(at, page) == expected_peak(page, config=json.loads(good), name="config.json")
+
+
+# --- Plan page additions ----------------------------------------------------------------------
+
+def test_plan_shows_the_largest_batch_and_sequence_that_fit():
+    at = app()
+    shape, scenario = shape_for()
+    limits = fit_limits(shape, scenario, GPU_PRESETS[DEFAULTS["gpu_preset"]])
+    assert metric(at, "Largest batch size that fits") == f"{limits.batch_size:,}"
+    assert metric(at, "Largest sequence length that fits") == f"{limits.seq_len:,}"
+    at.selectbox(key="gpu_preset").set_value("H200 · 141 GB").run()
+    bigger = fit_limits(shape, scenario, GPU_PRESETS["H200 · 141 GB"])
+    assert metric(at, "Largest batch size that fits") == f"{bigger.batch_size:,}"
+    assert bigger.batch_size > limits.batch_size
+
+
+def test_plan_charts_memory_against_batch_per_technique():
+    at = app()
+    charts = at.get("plotly_chart")
+    assert len(charts) == 2
+    figure = json.loads(charts[1].proto.spec)
+    names = [trace["name"] for trace in figure["data"]]
+    assert names[0] == "AdamW fp32 (baseline)" and len(names) == len(TECHNIQUES) - 1
+    assert any(shape.get("y0") == shape.get("y1") for shape in figure["layout"]["shapes"])  # capacity line
+
+
+# --- shared controls: the link and the GPU count ----------------------------------------------
+
+def test_a_link_restores_the_plan_and_widgets_write_the_link():
+    at = app(query={"catalog_model": "gpt2", "task": "causal-lm", "batch_size": "3", "gpu_count": "4",
+                    "optimizer": "nonsense"})
+    assert at.selectbox(key="catalog_model").value == "gpt2"
+    assert at.number_input(key="batch_size").value == 3
+    assert at.selectbox(key="optimizer").value == DEFAULTS["optimizer"]  # a bad value keeps the default
+    assert metric(at, "Peak") == expected_peak("plan", "gpt2", task="causal-lm", batch_size=3)
+    assert any("4 GPUs" in c.value and "later" in c.value for c in at.caption)
+    at.number_input(key="seq_len").set_value(128).run()
+    assert at.query_params["seq_len"] == ["128"] or at.query_params["seq_len"] == "128"
+    assert "optimizer" not in at.query_params  # defaults stay out of the link
+
+
+# --- Techniques -------------------------------------------------------------------------------
+
+def test_techniques_show_a_measured_peak_from_the_history():
+    shape, scenario = shape_for()
+    rows = compare_techniques(shape, values())
+    history = RunHistory()
+    baseline = rows[0]
+    config = json.loads((CATALOG_DIR / f"{shape.name}.json").read_text())
+    run_id = history.start_run(shape.name, "simulate", {**baseline.values, "engine": "accelerate",
+                                                        "model_config": config}, baseline.estimate.to_json())
+    other = history.start_run(shape.name, "simulate", {**baseline.values, "engine": "accelerate",
+                                                       "model_config": {**config, "n_layers": 1}},
+                              baseline.estimate.to_json())
+    history.finish_run(other, "ok", measurement={"peak_bytes": 1})  # another config: not this scenario
+    history.finish_run(run_id, "ok", measurement={"peak_bytes": 123_456_789})
+    at = app("techniques")
+    table = at.dataframe[0].value
+    assert list(table["technique"]) == [t.label for t in TECHNIQUES]
+    assert int(table["measured peak (bytes)"].iloc[0]) == 123_456_789
+    assert table["measured by"].iloc[0] == "simulate"
+    assert table["measured peak"].iloc[1] == "no run"
+
+
+# --- Verify -----------------------------------------------------------------------------------
+
+def test_verify_queues_every_technique_and_shows_results():
+    def fake(request, timeout_s, on_progress, history, cancel=None):
+        on_progress({"stage": "step", "step": 2, "steps": 2})
+        estimated = {"peak_bytes": 1000, "peak_breakdown_bytes": {c: 200 for c in
+                     ("weights", "gradients", "optimizer_state", "activations", "temporaries")}}
+        return {"status": "ok", "mode": "simulate", "estimated": estimated,
+                "measured": {"peak_bytes": 990, "weights_bytes": 200}, "reason": None}
+
+    queue = run_queue.RunQueue(runner=fake)
+    run_queue.set_queue(queue)
+    at = app("verify")
+    at.button(key="verify_techniques").click().run()
+    assert queue.wait_idle(10)
+    at.run()
+    assert not at.exception and not at.error
+    assert len(at.get("progress")) == len(TECHNIQUES)
+    assert at.selectbox(key="verify_result_choice").options[0].startswith(TECHNIQUES[0].label)
+    assert len(at.get("plotly_chart")) == 2  # per technique, per category
+
+
+def test_verify_a_tiny_plan_for_real_in_simulate_mode():
+    run_queue.set_queue(run_queue.RunQueue(timeout_s=120))
+    at = upload(app("verify"), (CONFIGS / "tiny-llama.json").read_bytes())
+    at.selectbox(key="task").set_value("causal-lm").run()
+    at.number_input(key="batch_size").set_value(2).run()
+    at.number_input(key="seq_len").set_value(64).run()
+    at.selectbox(key="verify_mode").set_value("simulate").run()
+    at.number_input(key="verify_steps").set_value(2).run()
+    at.button(key="verify_plan").click().run()
+    assert run_queue.get_queue().wait_idle(120)
+    at.run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    [view] = run_queue.get_queue().jobs(at.session_state["verify_session_id"])
+    assert view.job.status == "ok", view.job.log
+    assert view.job.result["mode"] == "simulate"
+    history = at.dataframe[0].value
+    assert list(history["status"]) == ["ok"] and list(history["mode"]) == ["simulate"]
+    assert int(history["measured peak (bytes)"].iloc[0]) == view.job.result["measured"]["peak_bytes"]
+    assert len(at.get("plotly_chart")) == 3  # session bars, categories, history scatter
+    at.multiselect(key="history_statuses").set_value(["failed"]).run()
+    assert at.dataframe[0].value.empty
+
+
+# --- Report -----------------------------------------------------------------------------------
+
+def test_report_offers_four_downloads_and_previews_the_plan():
+    at = app("report")
+    buttons = at.get("download_button")
+    assert [b.proto.label for b in buttons][1:] == ["Markdown", "CSV", "JSON"]
+    shape, scenario = shape_for()
+    peak = estimate(shape, scenario).peak_bytes
+    preview = at.markdown[-1].value
+    assert f"| Peak (total) | {peak} |" in preview
+    assert "AdamW fp32 (baseline)" in preview
+
+
+def test_verify_cancels_a_waiting_run():
+    import threading
+    gate = threading.Event()
+
+    def slow(request, timeout_s, on_progress, history, cancel=None):
+        gate.wait(10)
+        return {"status": "killed" if cancel.is_set() else "ok", "mode": "simulate", "reason": "stopped",
+                "estimated": {"peak_bytes": 1, "peak_breakdown_bytes": {}}, "measured": None}
+
+    queue = run_queue.RunQueue(runner=slow)
+    run_queue.set_queue(queue)
+    at = app("verify")
+    at.button(key="verify_plan").click().run()
+    at.button(key="verify_plan").click().run()
+    [running, waiting] = queue.jobs(at.session_state["verify_session_id"])
+    assert "waiting, 1 ahead" in at.get("progress")[1].proto.text
+    at.button(key=f"cancel_{waiting.job.id}").click().run()
+    gate.set()
+    assert queue.wait_idle(10)
+    at.run()
+    states = [v.job.state for v in queue.jobs(at.session_state["verify_session_id"])]
+    assert states == ["done", "cancelled"]
+    assert any("cancelled" in w.value for w in at.warning)
