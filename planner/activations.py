@@ -49,12 +49,15 @@ class ActivationProfile:
     per_layer: tuple[ActivationTerm, ...]  # one block; multiply by num_layers
     head: tuple[ActivationTerm, ...]  # final norm, logits, loss
     checkpoint_input_bytes: int  # kept per block under gradient checkpointing (its input)
+    checkpoint_mask_bytes: int  # a materialised 4-D attention mask, kept as every checkpointed block's input
     output_logits_bytes: int  # the logits the model returns; how long they live is the engine's doing
     loss_forward_transient_bytes: int  # fp32 logits copy alive while the loss runs
     loss_backward_transient_bytes: int  # gradients of the loss w.r.t. logits
     layer_backward_transient_bytes: int  # largest gradients alive inside one block's backward
     block_backward_start_transient_bytes: int  # entering the last block's backward
     block_tail_bytes: int  # saved by a block's last ops, freed before backward reaches its MLP activation
+    attention_side_bytes: int  # saved by a block's attention side, alive when backward reaches the kernel
+    attention_backward_transient_bytes: int  # gradients of the s*s probabilities and scores (math path)
 
     @property
     def per_layer_bytes(self) -> int:
@@ -218,10 +221,8 @@ def _gated_mlp(shape: ModelShape, z: _Sizes) -> list[ActivationTerm]:
     ]
 
 
-def _block_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[ActivationTerm]:
+def _attention_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[ActivationTerm]:
     family = shape.family
-    # Rotary embeddings (q*cos + rotate_half(q)*sin) save only cos and sin: mul saves the
-    # other factor, and cos/sin do not require grad. Their cost is counted once per model.
     # GPT-2 (c_attn) and GPT-NeoX (query_key_value) project q, k, v with one fused linear;
     # Phi's q, k, v and fc1 all read the same LayerNorm output.
     fused_qkv = family in (ArchFamily.GPT2, ArchFamily.GPT_NEOX)
@@ -229,12 +230,40 @@ def _block_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[Activ
     if family is ArchFamily.PHI:
         readers += 1
     attention = [_linear_input(z, z.H, "q/k/v projection input", consumers=readers)]
-    core = _attention_core(shape, scenario, z)
-    attention += core
-    if _math_path(shape, scenario, z):
+    attention += _attention_core(shape, scenario, z)
+    partial_rotary = 0 < shape.rotary_fraction < 1
+    if fused_qkv and shape.rotary_fraction > 0:
+        # GPT-NeoX: v stays a view of the fused qkv output (so all of it stays saved) and
+        # rotary builds q and k anew (cat of rotated and pass-through parts).
+        attention.append(ActivationTerm("rotated q, k (new tensors beside the fused qkv)", (z.Q + z.KV) * z.compute,
+                                        "attention saves the concatenated q, k"))
+    if _math_path(shape, scenario, z) or partial_rotary:
         attention.append(_linear_input(z, z.Q, "output projection input"))
-    # else: flash/efficient SDPA returns its output in (b, s, a, d) layout, so
-    # transpose(1, 2).reshape(b, s, h) is a view: the output projection saves the same storage.
+    # else: SDPA's output keeps its inputs' (b, s, a, d) memory layout, so
+    # transpose(1, 2).reshape(b, s, h) is a view and the output projection saves the same
+    # storage. Partial rotary concatenates q and k into (b, a, s, d) layout, and the
+    # output then needs a copy (measured on GPT-NeoX and Phi shapes).
+    return attention
+
+
+def _attention_side_bytes(shape: ModelShape, scenario: Scenario, z: _Sizes) -> int:
+    """Saved bytes of a block still alive when its backward reaches the attention kernel:
+    the attention's own tensors and the norm before it (the MLP side is freed by then)."""
+    terms = _block_terms(shape, scenario, z)
+    names = {t.name for t in _attention_terms(shape, scenario, z)}
+    before = {"input RMSNorm input (fp32)", "input RMSNorm normalized", "input RMSNorm rsqrt",
+              "attention LayerNorm input", "attention LayerNorm mean and rstd", "input LayerNorm input",
+              "input LayerNorm mean and rstd"}
+    if shape.family is ArchFamily.ENCODER:
+        before = set()
+    return sum(t.num_bytes for t in terms if t.name in names or t.name in before)
+
+
+def _block_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[ActivationTerm]:
+    family = shape.family
+    # Rotary embeddings (q*cos + rotate_half(q)*sin) save only cos and sin: mul saves the
+    # other factor, and cos/sin do not require grad. Their cost is counted once per model.
+    attention = _attention_terms(shape, scenario, z)
     hidden_p = shape.hidden_dropout
     if family is ArchFamily.ENCODER:  # post-LN: attn -> dropout -> add -> LN -> MLP -> dropout -> add -> LN
         # DistilBERT's attention has no dropout after its output projection (modeling_distilbert.py).
@@ -247,9 +276,9 @@ def _block_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[Activ
                 + _gated_mlp(shape, z))
     if family in (ArchFamily.GPT_NEOX, ArchFamily.PHI):  # parallel residual: both branches read x
         norms = _layernorm(z, "input LayerNorm")
-        if family is ArchFamily.GPT_NEOX:
-            norms.append(ActivationTerm("post-attention LayerNorm output (MLP input)", z.H * z.compute,
-                                        "second LayerNorm of the parallel residual"))
+        if family is ArchFamily.GPT_NEOX:  # a second LayerNorm reads the same input: only its stats are new
+            norms.append(ActivationTerm("post-attention LayerNorm mean and rstd", 2 * z.T * FP32,
+                                        "native_layer_norm saves mean, rstd"))
         mlp = _plain_mlp(shape, z)[1:] if family is ArchFamily.PHI else _plain_mlp(shape, z)
         return (norms + attention + mlp + _dropout(z, hidden_p, z.H, z.compute, "attention dropout mask")
                 + _dropout(z, hidden_p, z.H, z.compute, "MLP dropout mask"))
@@ -320,18 +349,27 @@ def activation_profile(shape: ModelShape, scenario: Scenario) -> ActivationProfi
         logits_upcast = z.V * (z.compute if z.autocast else FP32)
     # Loss backward: nll_loss's dense fp32 gradient and log_softmax's input gradient coexist.
     loss_backward = 2 * z.V * FP32 if is_lm else 0
-    biggest_block_tensor = max(z.I, z.S2 if _math_path(shape, scenario, z) else 0, z.H)
+    math_path = _math_path(shape, scenario, z)
+    softmax_bytes = FP32 if (scenario.attention is Attention.SDPA or scenario.precision is not Precision.BF16) else 2
     return ActivationProfile(
         embedding=tuple(_embedding_terms(shape, z)),
         per_layer=block,
         head=tuple(_head_terms(shape, scenario, z)),
         checkpoint_input_bytes=z.H * z.residual,
+        # Eager attention in decoders gets a materialised (b, 1, s, s) causal mask in the
+        # model's dtype; non-reentrant checkpointing keeps it as an input of every block
+        # (one shared tensor) until backward is done. Measured on a LLaMA shape.
+        checkpoint_mask_bytes=(scenario.batch_size * scenario.seq_len ** 2 * z.residual
+                               if scenario.attention is Attention.EAGER and shape.family is not ArchFamily.ENCODER
+                               else 0),
         output_logits_bytes=_output_logits_bytes(shape, scenario, z),
         loss_forward_transient_bytes=logits_upcast,
         loss_backward_transient_bytes=loss_backward,
         # Inside a block's backward the gradients of its largest intermediate (output and
         # input of the op) coexist: 2 x I measured on a checkpointed DistilBERT shape.
-        layer_backward_transient_bytes=2 * biggest_block_tensor * z.compute,
+        layer_backward_transient_bytes=2 * max(z.I, z.H) * z.compute,
+        attention_side_bytes=_attention_side_bytes(shape, scenario, z),
+        attention_backward_transient_bytes=2 * z.S2 * softmax_bytes if math_path else 0,
         # Inside the last block's MLP backward: the gradients of the activation's output
         # and input (2 x I) and the residual branch's gradient (H) are alive, while the
         # block's tail (closing norm and the MLP's second linear input) is freed already;

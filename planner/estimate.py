@@ -171,7 +171,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     weights = (parameter_tensor_bytes(shape, scenario.precision, scenario.device)
                + on_device(shape.float_buffer_elements * 4) + on_device(shape.other_buffer_bytes))
     gradients = parameter_tensor_bytes(shape, scenario.precision, scenario.device)
-    state = optimizer_state_bytes(shape, scenario.optimizer, scenario.precision, scenario.device)
+    state = optimizer_state_bytes(shape, scenario.optimizer, scenario.precision, scenario.device, scenario.engine)
     profile = activation_profile(shape, scenario)
     block_copies, head_copies = _autocast_weight_copy_bytes(shape, scenario)
     layers = shape.num_layers
@@ -193,17 +193,25 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     if scenario.checkpointing is Checkpointing.EVERY_LAYER:
         # Each block keeps only its input; backward recomputes one block at a time (with
         # fresh weight copies under autocast). The head is not checkpointed.
-        saved = profile.embedding_bytes + layers * profile.checkpoint_input_bytes + profile.head_bytes + head_copies
+        saved = (profile.embedding_bytes + layers * profile.checkpoint_input_bytes + profile.checkpoint_mask_bytes
+                 + profile.head_bytes + head_copies)
         forward_extra = block_copies  # autocast's cache lives until the forward returns
         # Its peak is inside the MLP's backward: the block's tail already freed.
         recompute = block - profile.block_tail_bytes + block_copies // layers
         # Gradients grow and kept inputs shrink block by block: the extremes are the
         # first block recomputed (the last one) and the last (the first one).
+        kept = profile.embedding_bytes + profile.checkpoint_mask_bytes
+        late_gradients = head_gradients + (0 if accumulating else (layers - 1) * block_gradients)
         backward_candidates = (
-            (head_gradients, profile.embedding_bytes + layers * profile.checkpoint_input_bytes + recompute),
-            (head_gradients + (0 if accumulating else (layers - 1) * block_gradients),
-             profile.embedding_bytes + profile.checkpoint_input_bytes + recompute),
+            (head_gradients, kept + layers * profile.checkpoint_input_bytes + recompute),
+            (late_gradients, kept + profile.checkpoint_input_bytes + recompute),
         )
+        if profile.attention_backward_transient_bytes:
+            # The same block further on, at its attention kernel's backward (math path).
+            attention_moment = kept + profile.checkpoint_input_bytes + profile.attention_side_bytes
+            backward_attention = PhaseMemory(Phase.BACKWARD, weights, late_gradients, state,
+                                             attention_moment + kept_logits,
+                                             profile.attention_backward_transient_bytes)
     else:
         saved = profile.embedding_bytes + layers * block + profile.head_bytes + block_copies + head_copies
         forward_extra = 0
@@ -223,6 +231,15 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     backward_moments += [PhaseMemory(Phase.BACKWARD, weights, grads, state, activations + kept_logits,
                                      profile.layer_backward_transient_bytes)
                          for grads, activations in backward_candidates]
+    if scenario.checkpointing is Checkpointing.EVERY_LAYER and profile.attention_backward_transient_bytes:
+        backward_moments.append(backward_attention)
+    if shape.tied_embeddings and scenario.task is not Task.SEQUENCE_CLASSIFICATION:
+        # Last of all, the input embedding's gradient meets the LM head's on the tied
+        # weight: the lookup's dense gradient and the sum coexist with the head's one
+        # (two extra vocabulary-sized tensors; measured on Llama-3.2-1B and GPT-2 shapes).
+        tied = shape.vocab_size * shape.hidden_size * element
+        backward_moments.append(PhaseMemory(Phase.BACKWARD, weights, gradients, state,
+                                            profile.embedding_bytes + kept_logits, 2 * tied))
     phases = (
         PhaseMemory(Phase.FORWARD, weights, early_gradients, state, saved + logits_at_forward_end,
                     forward_extra + profile.loss_forward_transient_bytes),

@@ -117,6 +117,7 @@ class ModelShape:
     float_buffer_elements: int
     other_buffer_bytes: int
     embedding_elements: int  # nn.Embedding weights: looked up, never multiplied, so autocast never copies them
+    embedding_param_names: frozenset[str]  # their parameter names
     stats: ParameterStats = field(init=False)
 
     def __post_init__(self) -> None:

@@ -19,6 +19,9 @@ builds it, takes a step and sums the unique storages):
   tensors under 4,096 elements keep two fp32 states; larger ones two uint8 states plus
   one fp32 absmax per 256-element block per state; the two 256-entry fp32 quantile maps
   (`qmap1`, `qmap2`) are shared by every tensor, so they count once. `step` is an int.
+  When transformers' Trainer builds them (optim="adamw_bnb_8bit" / "paged_adamw_8bit") it
+  registers every nn.Embedding weight for 32-bit state (`register_module_override`,
+  trainer.py `create_optimizer`): two fp32 states for those tensors.
 
 On CUDA every allocation is rounded up to the caching allocator's 512-byte block
 (c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize), which matters for the many small
@@ -32,7 +35,7 @@ import math
 from collections.abc import Callable
 
 from planner.model_shape import ModelShape
-from planner.scenario import Device, Optimizer, Precision
+from planner.scenario import Device, Engine, Optimizer, Precision
 
 FP32_BYTES = 4
 # bitsandbytes 8-bit optimizers keep 32-bit state for tensors with fewer elements than
@@ -81,17 +84,29 @@ def _per_tensor_state(shape: tuple[int, ...], optimizer: Optimizer, param_bytes:
     raise ValueError(f"no state model for optimizer {optimizer}")
 
 
+def trainer_keeps_embeddings_in_32_bit(optimizer: Optimizer, engine: Engine) -> bool:
+    """True when Trainer builds a bitsandbytes 8-bit optimizer from its optim string."""
+    return engine is Engine.TRAINER and optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
+
+
 @functools.lru_cache(maxsize=4096)
 def optimizer_state_bytes(shape: ModelShape, optimizer: Optimizer, precision: Precision,
-                          device: Device = Device.CPU) -> int:
+                          device: Device = Device.CPU, engine: Engine = Engine.ACCELERATE) -> int:
     """Bytes of distinct storage in `optimizer.state` at steady state, on `device`."""
     on_device = allocation(device)
     param_bytes = parameter_bytes_per_element(precision)
-    total = sum(_per_tensor_state(p.shape, optimizer, param_bytes, on_device) for p in shape.params)
+    fp32_embeddings = trainer_keeps_embeddings_in_32_bit(optimizer, engine)
+    total = 0
+    for p in shape.params:
+        if fp32_embeddings and p.name in shape.embedding_param_names:
+            total += 2 * on_device(p.numel * FP32_BYTES)  # bnb 32-bit Adam: two fp32 states
+        else:
+            total += _per_tensor_state(p.shape, optimizer, param_bytes, on_device)
     if optimizer in (Optimizer.ADAMW, Optimizer.ADAM, Optimizer.ADAFACTOR) and device is Device.CPU:
         total += FP32_BYTES * len(shape.params)  # CPU-hosted `step` tensors live where the params do
     if optimizer in (Optimizer.ADAM8BIT, Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
-        if any(p.numel >= BNB_MIN_8BIT_SIZE for p in shape.params):
+        if any(p.numel >= BNB_MIN_8BIT_SIZE and not (fp32_embeddings and p.name in shape.embedding_param_names)
+               for p in shape.params):
             total += 2 * on_device(BNB_QMAP_BYTES)  # qmap1 and qmap2, shared
     return total
 

@@ -161,8 +161,8 @@ def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: 
     activation = str(_first_attr(config, ("hidden_act", "activation_function", "activation"), "gelu"))
     hidden_dropout = float(_first_attr(config, ("hidden_dropout_prob", "resid_pdrop", "hidden_dropout", "dropout"), 0.0))
     embedding_dropout = float(_first_attr(config, ("embd_pdrop", "hidden_dropout_prob", "dropout"), 0.0))
-    if family in (ArchFamily.LLAMA, ArchFamily.GPT_NEOX):
-        embedding_dropout = 0.0
+    if family in (ArchFamily.LLAMA, ArchFamily.GPT_NEOX, ArchFamily.OPT):
+        embedding_dropout = 0.0  # these decoders apply no dropout to the embeddings (measured for OPT)
     attention_dropout = float(
         _first_attr(config, ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout"), 0.0)
     )
@@ -170,7 +170,10 @@ def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: 
     output_embeddings = model.get_output_embeddings() if task is not Task.SEQUENCE_CLASSIFICATION else None
     tied = output_embeddings is not None and output_embeddings.weight is input_embeddings.weight
     max_positions = _first_attr(config, ("max_position_embeddings",))
-    embedding_elements = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding))
+    embeddings = {f"{name}.weight" if name else "weight": module.weight for name, module in model.named_modules()
+                  if isinstance(module, torch.nn.Embedding)}
+    embedding_elements = sum({id(w): w.numel() for w in embeddings.values()}.values())
+    unique_names = {n for n, _ in model.named_parameters()}
     return ModelShape(
         name=name,
         model_type=config.model_type,
@@ -198,4 +201,6 @@ def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: 
         float_buffer_elements=sum(b.numel() for b in model.buffers() if b.is_floating_point()),
         other_buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers() if not b.is_floating_point()),
         embedding_elements=embedding_elements,
+        embedding_param_names=frozenset(n for n in embeddings if n in unique_names)
+        | frozenset(n for n, p in model.named_parameters() if any(p is w for w in embeddings.values())),
     )

@@ -146,6 +146,9 @@ def run_trainer(model, optimizer, batches: list[dict], scenario: Scenario, steps
                 self.watched.mark(Phase.BACKWARD)
             return loss
 
+    from runners.optimizers import reset_bitsandbytes_overrides
+
+    reset_bitsandbytes_overrides()
     output_dir = tempfile.mkdtemp(prefix="planner-trainer-")
     arguments = dict(
         output_dir=output_dir, max_steps=steps, per_device_train_batch_size=scenario.batch_size,

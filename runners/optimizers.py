@@ -28,6 +28,17 @@ def decay_parameter_groups(model: torch.nn.Module, weight_decay: float = WEIGHT_
     ]
 
 
+def reset_bitsandbytes_overrides() -> None:
+    """bitsandbytes keeps per-parameter overrides (Trainer's 32-bit embeddings) in a
+    process-wide GlobalOptimManager keyed by id(); a later run in the same process could
+    inherit them through reused ids, so every build starts from an empty registry."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return
+    bnb.optim.GlobalOptimManager.get_instance().initialize()
+
+
 def build_optimizer(model: torch.nn.Module, optimizer: Optimizer, lr: float = LEARNING_RATE):
     params = [p for p in model.parameters() if p.requires_grad]
     if optimizer is Optimizer.ADAMW:
@@ -46,6 +57,7 @@ def build_optimizer(model: torch.nn.Module, optimizer: Optimizer, lr: float = LE
         return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False)
     import bitsandbytes as bnb
 
+    reset_bitsandbytes_overrides()
     groups = decay_parameter_groups(model)
     if optimizer is Optimizer.ADAM8BIT:
         return bnb.optim.Adam8bit(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)

@@ -26,7 +26,8 @@ def test_measured_state_equals_planner(optimizer):
     assert measured["optimizer_state_bytes"] == planned.optimizer_state_bytes
 
 
-@pytest.mark.parametrize("optimizer", [Optimizer.ADAMW, Optimizer.HF_ADAFACTOR, Optimizer.ADAMW8BIT, Optimizer.ADAM8BIT])
+@pytest.mark.parametrize("optimizer", [Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.HF_ADAFACTOR,
+                                       Optimizer.ADAM8BIT, Optimizer.SGD])
 def test_trainer_and_accelerate_agree_on_state(optimizer):
     config = tiny_config("tiny-gpt2")
     values = _values(optimizer, grad_accum=2)
@@ -35,6 +36,24 @@ def test_trainer_and_accelerate_agree_on_state(optimizer):
     assert through_trainer["engine"] == "trainer" and through_loop["engine"] == "accelerate"
     assert through_trainer["measured"]["optimizer_state_bytes"] == through_loop["measured"]["optimizer_state_bytes"]
     assert through_trainer["measured"]["weights_bytes"] == through_loop["measured"]["weights_bytes"]
+
+
+@pytest.mark.parametrize("optimizer", [Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT])
+def test_trainer_keeps_embeddings_in_32_bit_for_bnb_optim_strings(optimizer):
+    """Trainer(optim="adamw_bnb_8bit") registers nn.Embedding weights for 32-bit state; the
+    lessons' hand-built 8-bit optimizer does not. Both paths match the planner."""
+    config = tiny_config("tiny-llama")  # untied embeddings: the input table alone is overridden
+    values = _values(optimizer)
+    states = {}
+    for engine in (Engine.TRAINER, Engine.ACCELERATE):
+        measured = measure_in_process(config, "tiny-llama", values, Mode.CPU, engine=engine)["measured"]
+        scenario = scenario_from_values(**values, engine=engine.value)
+        planned = estimate(model_shape_for_config(config, scenario.task, 2, "tiny-llama"), scenario)
+        assert measured["optimizer_state_bytes"] == planned.optimizer_state_bytes
+        states[engine] = measured["optimizer_state_bytes"]
+    embedding = 3000 * 128  # tiny-llama's vocabulary x hidden
+    # 32-bit: 2 x 4 bytes per element; 8-bit: 2 x 1 byte + 2 absmax per 256 elements.
+    assert states[Engine.TRAINER] - states[Engine.ACCELERATE] == 8 * embedding - (2 * embedding + 2 * 4 * (embedding // 256))
 
 
 def test_trainer_builds_the_training_arguments_optimizers_itself():
