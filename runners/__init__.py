@@ -1,6 +1,9 @@
-"""runners: real training steps that measure memory, to check the planner against.
+"""runners: verification runs that measure memory, the planner's proof.
 
-This package grows with the "Runner" issue (subprocess isolation, CUDA and simulated
-modes, run history); today it builds models, batches and optimizers exactly as a
-training run would, and measures one steady-state step on CPU with torch's MemTracker.
+A run builds the model from its config (random weights), trains a few steps with the
+lessons' Accelerate loop or transformers' Trainer (runners.engines), and measures the
+last, steady-state step with a memory probe (runners.probes: MemTracker on real or fake
+tensors, or the CUDA allocator). runners.verify runs it in a child process
+(runners.isolation, runners.child) and records it in SQLite (runners.history);
+`python -m runners verify` is the command line.
 """
