@@ -131,3 +131,27 @@ def estimate_vs_measured_scatter(estimated: list[int], measured: list[int], labe
     figure.update_layout(template="plotly_white", title=title, xaxis_title="measured peak GiB (2^30 bytes)",
                          yaxis_title="estimated peak GiB (2^30 bytes)", margin=dict(t=60, b=40))
     return figure
+
+
+def fit_options_figure(result, title: str = "Technique combinations: peak against step time") -> go.Figure:
+    """One point per combination that fits (planner.fit.FitResult): estimated step time
+    against peak (GiB), the best marked, and the capacity line."""
+    figure = go.Figure()
+    options = result.options
+    figure.add_scatter(
+        x=[o.step_time_s for o in options],
+        y=[bytes_to_gib(o.peak_bytes) for o in options],
+        mode="markers",
+        name="fits",
+        marker={"size": [14 if rank == 0 else 9 for rank in range(len(options))],
+                "color": ["#10b981" if rank == 0 else "#2563eb" for rank in range(len(options))]},
+        customdata=[[rank + 1, o.scenario.optimizer.value, o.scenario.precision.value,
+                     "on" if o.scenario.checkpointing.value != "none" else "off", o.scenario.batch_size,
+                     o.scenario.grad_accum_steps, format_bytes(o.peak_bytes)] for rank, o in enumerate(options)],
+        hovertemplate=("#%{customdata[0]}: %{customdata[1]}, %{customdata[2]}, checkpointing %{customdata[3]}, "
+                       "%{customdata[4]} x %{customdata[5]}<br>peak %{customdata[6]}, step %{x:.3g} s<extra></extra>"),
+    )
+    _capacity_line(figure, result.capacity_bytes)
+    figure.update_layout(title=title, xaxis_title="estimated step time (s)", yaxis_title="peak (GiB)",
+                         showlegend=False)
+    return figure

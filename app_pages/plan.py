@@ -10,7 +10,7 @@ import streamlit as st
 from app_pages.breakdown import breakdown_table, verdict_for
 from app_pages.comparison import batch_sizes_for_chart, memory_vs_batch
 from app_pages.figures import memory_vs_batch_figure, phase_breakdown_figure
-from app_pages.fit_search import fit_limits
+from planner.fit import fit_limits
 from app_pages.inputs import total_capacity_bytes
 from app_pages.page_context import load_context, model_caption
 from planner.units import format_bytes

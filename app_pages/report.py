@@ -4,8 +4,6 @@ verification runs, downloaded as self-contained HTML, Markdown, CSV or JSON.
 Layout only: reporting.build_report computes, reporting.render_report writes.
 """
 
-import re
-
 import streamlit as st
 
 from app_pages.history_access import recent_runs
@@ -14,7 +12,7 @@ from app_pages.page_context import load_context, model_caption
 from planner.errors import PlannerInputError
 from planner.units import format_bytes
 from reporting import build_report, render_report
-from reporting.build import MIME_TYPES
+from reporting.build import MIME_TYPES, export_file_name
 
 FORMAT_LABELS = {"html": "HTML (interactive charts, works offline)", "md": "Markdown", "csv": "CSV", "json": "JSON"}
 
@@ -40,12 +38,11 @@ def render() -> None:
         f"{format_bytes(total_capacity_bytes(context.values))} over {report.gpu_count} GPU(s)), "
         f"{len(report.techniques)} techniques and {len(report.runs)} verification run(s) of this model."
     )
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", context.name.removesuffix(".json")) + "-memory-plan"
     columns = st.columns(len(FORMAT_LABELS))
     for column, (fmt, label) in zip(columns, FORMAT_LABELS.items()):
         # HTML carries plotly.js (several MB): built only when its button is clicked.
         data = (lambda report=report: render_report(report, "html")) if fmt == "html" else render_report(report, fmt)
-        column.download_button(label, data=data, file_name=f"{stem}.{fmt}", mime=MIME_TYPES[fmt],
+        column.download_button(label, data=data, file_name=export_file_name(context.name, fmt), mime=MIME_TYPES[fmt],
                                key=f"download_{fmt}", width="stretch", on_click="ignore")
     with st.expander("Markdown preview", expanded=True):
         st.markdown(render_report(report, "md"))

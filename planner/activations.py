@@ -54,7 +54,8 @@ class ActivationProfile:
     loss_forward_transient_bytes: int  # fp32 logits copy alive while the loss runs
     loss_backward_transient_bytes: int  # gradients of the loss w.r.t. logits
     layer_backward_transient_bytes: int  # largest gradients alive inside one block's backward
-    block_backward_start_transient_bytes: int  # entering the last block's backward
+    block_backward_start_transient_bytes: int  # inside the last block's MLP backward
+    block_entry_transient_bytes: int  # gradients arriving at a block, before it frees anything
     block_tail_bytes: int  # saved by a block's last ops, freed before backward reaches its MLP activation
     attention_side_bytes: int  # saved by a block's attention side, alive when backward reaches the kernel
     attention_backward_transient_bytes: int  # gradients of the s*s probabilities and scores (math path)
@@ -369,12 +370,20 @@ def activation_profile(shape: ModelShape, scenario: Scenario) -> ActivationProfi
         # input of the op) coexist: 2 x I measured on a checkpointed DistilBERT shape.
         layer_backward_transient_bytes=2 * max(z.I, z.H) * z.compute,
         attention_side_bytes=_attention_side_bytes(shape, scenario, z),
-        attention_backward_transient_bytes=2 * z.S2 * softmax_bytes if math_path else 0,
+        # At the math kernel's backward: the gradient w.r.t. the probabilities (fp32, the
+        # kernel's opmath) and w.r.t. the scores (in the compute dtype): measured on
+        # DistilBERT shapes, fp32 and autocast.
+        attention_backward_transient_bytes=z.S2 * (softmax_bytes + z.compute) if math_path else 0,
         # Inside the last block's MLP backward: the gradients of the activation's output
         # and input (2 x I) and the residual branch's gradient (H) are alive, while the
         # block's tail (closing norm and the MLP's second linear input) is freed already;
         # measured on DistilBERT shapes, fp32 and bf16 (tests/test_activation_model.py).
         block_backward_start_transient_bytes=2 * z.I * z.compute + z.H * z.residual,
+        # Arriving at a recomputed block, the whole block still saved: the recomputed
+        # block output and the gradients of the block output, the residual branch and the
+        # closing norm's input, residual-stream sized: the peak of checkpointed encoders
+        # under autocast (measured on DistilBERT shapes: 3-4 H).
+        block_entry_transient_bytes=4 * z.H * z.residual,
         # The MLP's second linear input (and a post-LN block's closing LayerNorm) are
         # freed before the activation's backward, where a recomputed block peaks.
         block_tail_bytes=z.I * z.compute + (z.H * z.residual + 2 * z.T * FP32

@@ -1,4 +1,4 @@
-"""Command line: `python -m planner estimate|batch|catalog` (interfaces in ../shared/DESIGN.md).
+"""Command line: `python -m planner estimate|batch|fit|report|catalog` (interfaces in ../shared/DESIGN.md).
 
 Errors are one line on stderr saying what is wrong and what to do, with exit status 2.
 """
@@ -13,9 +13,13 @@ from pathlib import Path
 from planner.catalog import catalog_entries
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
+from planner.fit import SHARDING_NOTE, FitResult, FitTarget, smallest_plan
+from planner.gpus import GPUS, gpu_spec, nearest_gpu
 from planner.loading import load_model_shape
-from planner.scenario import Attention, Checkpointing, Device, Engine, Precision, Task, scenario_from_values
-from planner.units import format_bytes
+from planner.scenario import (Attention, Checkpointing, Device, Engine, Precision, Task, as_int,
+                              scenario_from_values)
+from planner.step_time import DEFAULT_UTILISATION
+from planner.units import GIB, format_bytes
 
 EXIT_BAD_INPUT = 2
 
@@ -44,6 +48,28 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hub", action="store_true", help="allow fetching --config from the Hugging Face hub")
 
 
+def add_fit_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="catalog name (see `catalog`) or path to a config.json")
+    parser.add_argument("--task", default="causal-lm", choices=[t.value for t in Task])
+    parser.add_argument("--num-labels", default="2", help="classes for sequence classification (default 2)")
+    parser.add_argument("--gpu-memory-gib", help="memory per GPU in GiB (default: the --gpu's)")
+    parser.add_argument("--gpu", help=f"GPU whose throughput step times assume: {', '.join(GPUS)} "
+                                      "(default: the one nearest in memory to --gpu-memory-gib)")
+    parser.add_argument("--num-devices", default="1", help="GPUs, data parallel (DDP) when more than one")
+    parser.add_argument("--seq-len", default="512", help="tokens per sequence (default 512)")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--batch-size", help="sequences per micro-batch per GPU, no accumulation")
+    target.add_argument("--effective-batch", help="sequences per optimizer step, all GPUs together "
+                                                  "(accumulation splits it into micro-batches)")
+    parser.add_argument("--utilisation", default=str(DEFAULT_UTILISATION),
+                        help=f"model FLOPs utilisation in (0, 1] (default {DEFAULT_UTILISATION})")
+    parser.add_argument("--attn", default="sdpa", choices=[a.value for a in Attention])
+    parser.add_argument("--device", default="cuda", choices=[d.value for d in Device])
+    parser.add_argument("--engine", default="accelerate", choices=[e.value for e in Engine])
+    parser.add_argument("--hub", action="store_true", help="allow fetching --config from the Hugging Face hub")
+    parser.add_argument("--json", action="store_true", help="print a JSON list, best first")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="planner", description="Training memory estimates from a model config.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -57,6 +83,8 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", required=True, help="FILE.html, FILE.md, FILE.csv or FILE.json")
     report.add_argument("--gpu", help="GPU preset name or capacity in GiB, for the fits / does not fit verdict")
     report.add_argument("--gpu-count", default="1", help="number of GPUs")
+    fits = commands.add_parser("fit", help="rank the technique combinations that fit a GPU (planner.fit)")
+    add_fit_flags(fits)
     listing = commands.add_parser("catalog", help="list the bundled models")
     listing.add_argument("--json", action="store_true")
     return parser
@@ -127,8 +155,10 @@ def _run_estimate(args: argparse.Namespace) -> int:
 def _batch_line_result(line: str, base_dir: Path) -> dict:
     try:
         values = json.loads(line)
-    except json.JSONDecodeError as error:
-        return {"error": f"line is not valid JSON ({error.msg})"}
+    except (ValueError, RecursionError) as error:  # ValueError: JSONDecodeError, or an int over 4300 digits
+        detail = getattr(error, "msg", None) or (
+            "too deeply nested" if isinstance(error, RecursionError) else "a number is too long")
+        return {"error": f"line is not valid JSON ({detail})"}
     if not isinstance(values, dict):
         return {"error": "line must be a JSON object"}
     scenario_id = values.get("id")
@@ -161,6 +191,74 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def fit_table(shape, base, result: FitResult) -> str:
+    """The fit finder's answer as a readable table, best first, binary units labelled."""
+    t = result.target
+    wanted = (f"effective batch {t.effective_batch}" if t.effective_batch is not None
+              else f"batch {t.batch_size}" if t.batch_size is not None else "the largest batch")
+    strategy = "single GPU" if result.num_devices == 1 else "ddp"
+    lines = [f"{shape.name} ({shape.num_parameters:,} parameters), {base.task.value}, {t.seq_len} tokens, {wanted}",
+             f"{result.num_devices} x {format_bytes(result.capacity_bytes)} ({strategy}); "
+             f"{result.combinations} combinations tried, "
+             f"{len(result.options)} fit; ranked by {result.ranked_by}", ""]
+    if not result.options:
+        peak, plan = smallest_plan(shape, base, t.seq_len)
+        lines.append(f"Nothing fits. The smallest plan ({plan.optimizer.value}, {plan.precision.value}, checkpointing "
+                     f"{'on' if plan.checkpointing is Checkpointing.EVERY_LAYER else 'off'}, batch 1) needs "
+                     f"{format_bytes(peak)} per GPU: a larger GPU, more GPUs with sharding, or LoRA / quantised weights.")
+    else:
+        header = (f"{'#':>3}  {'optimizer':<13}{'precision':<11}{'ckpt':<5}{'accum':>6}{'micro':>7}{'max micro':>10}"
+                  f"{'max seq':>9}{'peak':>13}{'step (s)':>10}{'tokens/s':>11}")
+        lines.append(header)
+        for rank, option in enumerate(result.options, 1):
+            j = option.to_json()
+            max_seq = "n/a" if j["max_seq_len"] is None else f"{j['max_seq_len']:,}"
+            lines.append(f"{rank:>3}  {j['optimizer']:<13}{j['precision']:<11}"
+                         f"{'on' if j['gradient_checkpointing'] else 'off':<5}{j['grad_accum']:>6}{j['batch_size']:>7}"
+                         f"{j['max_batch_size']:>10}{max_seq:>9}{format_bytes(j['peak_bytes']):>13}"
+                         f"{j['step_time_s']:>10.3f}{j['tokens_per_s']:>11,.0f}")
+    lines += [""] + [f"Note: {note}" for note in result.notes]
+    return "\n".join(lines)
+
+
+def _positive_float(text: str | None, what: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise PlannerInputError(f"{what} must be a positive number, got {text!r}")
+    return value
+
+
+def _run_fit(args: argparse.Namespace) -> int:
+    from planner.fit import find_fits
+
+    gib = _positive_float(args.gpu_memory_gib, "--gpu-memory-gib")
+    if gib is None and args.gpu is None:
+        raise PlannerInputError("give --gpu-memory-gib G or --gpu NAME: the memory of one GPU")
+    capacity = round(gib * GIB) if gib is not None else gpu_spec(args.gpu).capacity_bytes
+    gpu = gpu_spec(args.gpu) if args.gpu is not None else nearest_gpu(capacity)
+    utilisation = _positive_float(args.utilisation, "--utilisation")
+    base = scenario_from_values(task=args.task, batch_size=1, seq_len=args.seq_len, attn=args.attn,
+                                device=args.device, num_labels=args.num_labels, engine=args.engine)
+    target = FitTarget(seq_len=base.seq_len,
+                       batch_size=None if args.batch_size is None else as_int(args.batch_size, "batch size"),
+                       effective_batch=None if args.effective_batch is None
+                       else as_int(args.effective_batch, "effective batch"))
+    num_devices = as_int(args.num_devices, "number of GPUs")
+    shape = load_model_shape(args.config, base.task, base.num_labels, base_dir=Path.cwd(), allow_hub=args.hub)
+    result = find_fits(shape, base, capacity, target, gpu, num_devices, utilisation)
+    if args.json:
+        notes = {"strategy_note": SHARDING_NOTE} if num_devices > 1 else {}
+        print(json.dumps([{**option.to_json(), **notes} for option in result.options]))
+    else:
+        print(fit_table(shape, base, result))
+    return 0
+
+
 def _run_catalog(args: argparse.Namespace) -> int:
     entries = catalog_entries()
     if args.json:
@@ -176,7 +274,7 @@ def _run_catalog(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = _build_parser().parse_args(argv)
-        handler = {"estimate": _run_estimate, "batch": _run_batch, "report": _run_report,
+        handler = {"estimate": _run_estimate, "batch": _run_batch, "fit": _run_fit, "report": _run_report,
                    "catalog": _run_catalog}[args.command]
         return handler(args)
     except PlannerInputError as error:

@@ -39,8 +39,9 @@ def config_from_bytes(data: bytes, source_name: str = "uploaded config") -> dict
         config = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise PlannerInputError(f"{source_name} is not UTF-8 text: upload the model's config.json") from None
-    except (json.JSONDecodeError, RecursionError) as error:
-        detail = getattr(error, "msg", "too deeply nested")
+    except (ValueError, RecursionError) as error:  # ValueError: JSONDecodeError, or an int over 4300 digits
+        detail = getattr(error, "msg", None) or (
+            "too deeply nested" if isinstance(error, RecursionError) else "a number is too long")
         raise PlannerInputError(f"{source_name} is not valid JSON ({detail}): upload the model's config.json") from None
     if not isinstance(config, dict):
         raise PlannerInputError(f"{source_name} must hold a JSON object, like a transformers config.json")
@@ -91,11 +92,16 @@ def resolve_config(source: str, base_dir: Path | None = None, allow_hub: bool = 
         raise PlannerInputError("no model given: pass a catalog name or a config.json path")
     if text.lower() in catalog_entries():
         return catalog_config(text), text.lower()
-    path = Path(text).expanduser()
-    if not path.is_absolute() and base_dir is not None:
-        path = base_dir / path
-    if path.exists() or text.endswith(".json"):
-        return config_from_path(path), path.name
+    try:
+        path = Path(text).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if path.exists() or text.endswith(".json"):
+            return config_from_path(path), path.name
+    except PlannerInputError:
+        raise
+    except (OSError, RuntimeError, ValueError) as error:  # name too long, unreadable, no home for "~user"...
+        raise PlannerInputError(f"cannot read config {text[:200]!r}: {getattr(error, 'strerror', None) or error}") from None
     if allow_hub and "/" in text:
         return config_from_hub(text), text
     hint = " (or pass --hub to fetch it from the hub)" if "/" in text else ""

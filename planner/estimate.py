@@ -206,6 +206,14 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
             (head_gradients, kept + layers * profile.checkpoint_input_bytes + recompute),
             (late_gradients, kept + profile.checkpoint_input_bytes + recompute),
         )
+        # The first and the last recomputed block as they are entered: nothing freed yet.
+        entered = block + block_copies // layers + kept_logits
+        block_entries = [
+            PhaseMemory(Phase.BACKWARD, weights, head_gradients, state,
+                        kept + layers * profile.checkpoint_input_bytes + entered, profile.block_entry_transient_bytes),
+            PhaseMemory(Phase.BACKWARD, weights, late_gradients, state,
+                        kept + profile.checkpoint_input_bytes + entered, profile.block_entry_transient_bytes),
+        ]
         if profile.attention_backward_transient_bytes:
             # The same block further on, at its attention kernel's backward (math path).
             attention_moment = kept + profile.checkpoint_input_bytes + profile.attention_side_bytes
@@ -231,8 +239,10 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     backward_moments += [PhaseMemory(Phase.BACKWARD, weights, grads, state, activations + kept_logits,
                                      profile.layer_backward_transient_bytes)
                          for grads, activations in backward_candidates]
-    if scenario.checkpointing is Checkpointing.EVERY_LAYER and profile.attention_backward_transient_bytes:
-        backward_moments.append(backward_attention)
+    if scenario.checkpointing is Checkpointing.EVERY_LAYER:
+        backward_moments += block_entries
+        if profile.attention_backward_transient_bytes:
+            backward_moments.append(backward_attention)
     if shape.tied_embeddings and scenario.task is not Task.SEQUENCE_CLASSIFICATION:
         # Last of all, the input embedding's gradient meets the LM head's on the tied
         # weight: the lookup's dense gradient and the sum coexist with the head's one

@@ -8,7 +8,8 @@ foreach only when every tensor is on CUDA; CPU runs the per-tensor loop):
   square root of every state tensor at once (`_multi_tensor_adam`): one parameter-sized copy.
 - SGD with momentum: in place in both paths; fused AdamW: one kernel, no temporaries.
 - Adafactor (torch and transformers): per tensor, the squared gradient and the
-  reconstructed second moment, in fp32 for transformers' version.
+  reconstructed second moment, in fp32 for transformers' version, which under pure bf16
+  also holds fp32 copies of the gradient and the parameter.
 - bitsandbytes 8-bit: fused kernels update in place (CUDA); on CPU, measured with
   bitsandbytes 0.50, the step allocates nothing that outlives a single small op.
 """
@@ -33,7 +34,11 @@ def optimizer_step_transient_bytes(stats: ParameterStats, optimizer: Optimizer, 
     if optimizer is Optimizer.ADAFACTOR:
         return 2 * largest * param_bytes
     if optimizer is Optimizer.HF_ADAFACTOR:
-        return 2 * largest * FP32_BYTES
+        # Pure bf16: transformers' Adafactor also works on fp32 copies of the gradient and
+        # the parameter (`grad.float()`, `p.float()`, copied back at the end). Simulated on
+        # Llama-2-7B at batch 1: 2 x 131M x 4 bytes more, to within 4 KB of the measured peak.
+        copies = 2 * largest * FP32_BYTES if precision is Precision.BF16 else 0
+        return 2 * largest * FP32_BYTES + copies
     if optimizer in (Optimizer.ADAM8BIT, Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
         return 0  # measured on CPU (bitsandbytes 0.50): no temporaries beyond a few bytes
     raise ValueError(f"no step model for optimizer {optimizer}")

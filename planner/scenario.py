@@ -7,9 +7,12 @@ Names and aliases follow ../shared/DESIGN.md ("Interfaces other code relies on")
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from planner.errors import PlannerInputError
+
+MAX_NUM_LABELS = 1 << 20  # sequence-classification classes; transformers keeps a label name per class
 
 
 class Task(enum.Enum):
@@ -122,6 +125,8 @@ class Scenario:
         _positive_int(self.seq_len, "sequence length")
         _positive_int(self.grad_accum_steps, "gradient accumulation steps")
         _positive_int(self.num_labels, "number of labels")
+        if self.num_labels > MAX_NUM_LABELS:  # transformers builds an id2label dict of this size: a hang
+            raise PlannerInputError(f"number of labels must be at most {MAX_NUM_LABELS:,}, got {self.num_labels:,}")
         for name, kind in (("task", Task), ("optimizer", Optimizer), ("precision", Precision),
                            ("checkpointing", Checkpointing), ("attention", Attention), ("device", Device),
                            ("engine", Engine)):
@@ -139,11 +144,17 @@ def _as_int(value: object, what: str) -> int:
         raise PlannerInputError(f"{what} must be a positive integer, got {value!r}")
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.strip().lstrip("+").isdigit():
-        return int(value.strip())
+    if isinstance(value, str) and re.fullmatch(r"\+?[0-9]+", value.strip()):  # ASCII digits: "²".isdigit() too
+        try:
+            return int(value.strip())
+        except ValueError:  # over Python's 4300-digit conversion limit
+            raise PlannerInputError(f"{what} must be a positive integer, got a {len(value):,}-character number") from None
     if isinstance(value, float) and value.is_integer():
         return int(value)
     raise PlannerInputError(f"{what} must be a positive integer, got {value!r}")
+
+
+as_int = _as_int  # for other modules' user-facing integers (the CLI's)
 
 
 def _as_bool(value: object, what: str) -> bool:

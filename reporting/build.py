@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import io
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -32,7 +33,7 @@ from app_pages.figures import (
     phase_breakdown_figure,
     technique_bars_figure,
 )
-from app_pages.fit_search import FitLimits, fit_limits
+from planner.fit import FitLimits, fit_limits
 from app_pages.verify_results import history_table, scatter_points
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
@@ -228,6 +229,18 @@ def to_html(report: Report) -> str:
              ".muted{color:#6b7280}")
     return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{e(report.title)}</title>"
             f"<style>{style}</style></head><body>\n{body}\n</body></html>\n")
+
+
+def export_file_name(model_name: str, fmt: str) -> str:
+    """A download/export file name for a model's report: one path component, never a
+    directory, a hidden file or a path out of the folder it is saved in (user-supplied
+    names such as "../../x" or "/etc/passwd" become "x-memory-plan.html", "etc-passwd-...")."""
+    if fmt not in FORMATS:
+        raise PlannerInputError(f"unknown report format {fmt!r}: use one of {', '.join(FORMATS)}")
+    name = str(model_name)
+    name = name[:-5] if name.lower().endswith(".json") else name
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-_")[:80] or "model"
+    return f"{stem}-memory-plan.{fmt}"
 
 
 RENDERERS = {"html": to_html, "md": to_markdown, "csv": to_csv, "json": to_json}

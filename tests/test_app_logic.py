@@ -24,7 +24,7 @@ from app_pages.comparison import (
     saving_pct,
     technique_values,
 )
-from app_pages.fit_search import fit_limits, largest_fitting, max_batch_size, max_seq_len
+from planner.fit import fit_limits, largest_fitting, max_batch_size, max_seq_len
 from app_pages.inputs import DEFAULTS, SidebarValues, base_values, total_capacity_bytes
 from app_pages.query_state import decode, encode
 from app_pages.run_queue import CANCELLED, DONE, RunQueue, progress_fraction

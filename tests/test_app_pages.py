@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from app_pages import run_queue
 from app_pages.comparison import TECHNIQUES, compare_techniques
-from app_pages.fit_search import fit_limits
+from planner.fit import fit_limits
 from app_pages.inputs import DEFAULTS, GPU_PRESETS
 from planner.catalog import CATALOG_DIR
 from planner.config_source import config_from_bytes

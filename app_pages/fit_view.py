@@ -1,0 +1,84 @@
+"""The "What fits" page's plain logic, with no Streamlit: the fit finder's target and GPU
+from the sidebar, its options as table rows, and an option as the sidebar values that
+"apply this plan" writes back."""
+
+from __future__ import annotations
+
+import enum
+
+from app_pages.inputs import CUSTOM_GPU, SidebarValues
+from planner.fit import FitOption, FitResult, FitTarget
+from planner.gpus import GPUS, GpuSpec, nearest_gpu
+from planner.scenario import Checkpointing
+from planner.units import format_bytes
+
+
+class TargetKind(enum.Enum):
+    EFFECTIVE_BATCH = "effective-batch"  # the sidebar's batch × accumulation × GPUs, per optimizer step
+    BATCH = "batch"  # the sidebar's micro-batch, no accumulation
+    LARGEST = "largest"  # as large a batch as fits, ranked by time per sequence
+
+
+TARGET_LABELS = {
+    TargetKind.EFFECTIVE_BATCH.value: "The sidebar's effective batch (accumulation allowed)",
+    TargetKind.BATCH.value: "The sidebar's batch size, no accumulation",
+    TargetKind.LARGEST.value: "The largest batch each combination fits",
+}
+
+# Which row of planner.gpus gives each sidebar preset its throughput. The 24 GB preset
+# takes the A10 (its capacity is the A10's, and its throughput sits between L4 and 4090).
+PRESET_GPUS = {
+    "T4 · 16 GB": "t4",
+    "L4 / A10 / RTX 4090 · 24 GB": "a10",
+    "A100 · 40 GB": "a100-40gb",
+    "A100 · 80 GB": "a100-80gb",
+    "H100 · 80 GB": "h100",
+    "H200 · 141 GB": "h200",
+}
+
+
+def gpu_for(values: SidebarValues, capacity_bytes: int) -> GpuSpec:
+    """The GPU whose throughput step times assume: the preset's, or the nearest in memory for a custom size."""
+    if values.gpu_preset != CUSTOM_GPU and values.gpu_preset in PRESET_GPUS:
+        return GPUS[PRESET_GPUS[values.gpu_preset]]
+    return nearest_gpu(capacity_bytes)
+
+
+def target_for(values: SidebarValues, kind: str) -> FitTarget:
+    kind = TargetKind(kind)
+    if kind is TargetKind.EFFECTIVE_BATCH:
+        return FitTarget(values.seq_len, effective_batch=values.batch_size * values.grad_accum * values.gpu_count)
+    if kind is TargetKind.BATCH:
+        return FitTarget(values.seq_len, batch_size=values.batch_size)
+    return FitTarget(values.seq_len)
+
+
+def option_label(rank: int, option: FitOption) -> str:
+    s = option.scenario
+    checkpointing = ", checkpointing" if s.checkpointing is Checkpointing.EVERY_LAYER else ""
+    return (f"#{rank}: {s.optimizer.value}, {s.precision.value}{checkpointing}, "
+            f"{s.batch_size} x {s.grad_accum_steps} accumulation")
+
+
+def fit_rows(result: FitResult) -> list[dict]:
+    """One row per option, best first, raw numbers plus the peak in binary units."""
+    rows = []
+    for rank, option in enumerate(result.options, 1):
+        j = option.to_json()
+        rows.append({
+            "rank": rank, "optimizer": j["optimizer"], "precision": j["precision"],
+            "checkpointing": j["gradient_checkpointing"], "micro-batch": j["batch_size"],
+            "accumulation": j["grad_accum"], "strategy": j["strategy"],
+            "largest micro-batch": j["max_batch_size"], "largest sequence": j["max_seq_len"],
+            "peak": format_bytes(j["peak_bytes"]), "peak (bytes)": j["peak_bytes"],
+            "step time (s)": j["step_time_s"], "tokens/s": j["tokens_per_s"],
+        })
+    return rows
+
+
+def plan_state(option: FitOption) -> dict:
+    """The sidebar session-state values that make `option` the current plan."""
+    s = option.scenario
+    return {"optimizer": s.optimizer.value, "precision": s.precision.value,
+            "gradient_checkpointing": s.checkpointing is Checkpointing.EVERY_LAYER,
+            "batch_size": s.batch_size, "grad_accum": s.grad_accum_steps, "seq_len": s.seq_len}

@@ -1,0 +1,124 @@
+"""How fast the fit finder answers (planner.fit.find_fits), and how its answer compares
+with a simulated (fake-tensor) run of the same scenario, measured in the same run.
+
+- Llama-2-7B shape, causal LM, 2048 tokens, on one 24 GB GPU (the A10 row: 23,028 MiB),
+  for three targets: the largest batch, batch 1, effective batch 64 (accumulation 1..64):
+  every technique combination (4 optimizers x 3 precisions x checkpointing x accumulation).
+  Timed after the shape is loaded: the median and the slowest of REPEATS searches.
+- Full fine-tuning of a 7B model fits no 24 GB GPU (bf16 weights and gradients alone are
+  25 GiB), so the finder answers "nothing fits"; the simulated run checks the finder's
+  smallest plan (batch 1) really is over 24 GB. The same search on an A100 40 GB finds
+  plans; the best one is simulated too, at the finder's largest batch.
+
+Writes benchmarks/results/fit_speed.md. Run: python benchmarks/fit_speed.py
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from planner.catalog import catalog_config  # noqa: E402
+from planner.fit import FitTarget, find_fits, smallest_plan  # noqa: E402
+from planner.gpus import GPUS  # noqa: E402
+from planner.loading import load_model_shape  # noqa: E402
+from planner.scenario import Checkpointing, Task, scenario_from_values  # noqa: E402
+from planner.units import format_bytes  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results" / "fit_speed.md"
+MODEL = "llama-2-7b"
+SEQ = 2048
+REPEATS = 20
+TARGETS = [("largest batch", FitTarget(SEQ)), ("batch 1", FitTarget(SEQ, batch_size=1)),
+           ("effective batch 64", FitTarget(SEQ, effective_batch=64))]
+
+
+def simulate(scenario) -> tuple[int, float]:
+    from runners.measure import measure_in_process
+    from runners.request import Mode
+
+    values = {"task": scenario.task.value, "batch_size": scenario.batch_size, "seq_len": scenario.seq_len,
+              "optimizer": scenario.optimizer.value, "precision": scenario.precision.value,
+              "gradient_checkpointing": scenario.checkpointing is Checkpointing.EVERY_LAYER,
+              "grad_accum": scenario.grad_accum_steps, "attn": scenario.attention.value,
+              "device": scenario.device.value}
+    started = time.perf_counter()
+    result = measure_in_process(catalog_config(MODEL), MODEL, values, Mode.SIMULATE)
+    return result["measured"]["peak_bytes"], time.perf_counter() - started
+
+
+def describe(s) -> str:
+    ckpt = ", checkpointing" if s.checkpointing is Checkpointing.EVERY_LAYER else ""
+    return f"{s.optimizer.value}, {s.precision.value}{ckpt}, batch {s.batch_size} x accumulation {s.grad_accum_steps}"
+
+
+def timed_searches(shape, base, gpu) -> list[tuple[str, int, int, float, float, object]]:
+    rows = []
+    for label, target in TARGETS:
+        times = []
+        for _ in range(REPEATS):
+            started = time.perf_counter()
+            result = find_fits(shape, base, gpu.capacity_bytes, target, gpu)
+            times.append(time.perf_counter() - started)
+        rows.append((label, result.combinations, len(result.options), statistics.median(times), max(times), result))
+    return rows
+
+
+def main() -> None:
+    started = time.perf_counter()
+    base = scenario_from_values(task="causal-lm", batch_size=1, seq_len=SEQ)
+    shape = load_model_shape(MODEL, Task.CAUSAL_LM)
+    load_s = time.perf_counter() - started
+    lines = ["# Fit finder speed", "",
+             f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}; "
+             "command: `python benchmarks/fit_speed.py`.", "",
+             f"Model: {MODEL} ({shape.num_parameters:,} parameters), causal LM, {SEQ} tokens, device kind cuda. "
+             f"Loading the shape (meta-device build, once): {load_s:.2f} s. Each search below: every "
+             f"combination, median and slowest of {REPEATS}.", "",
+             "| GPU | target | combinations | fit | median (ms) | slowest (ms) | best plan (estimated peak) |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    summaries = {}
+    for key in ("a10", "a100-40gb"):
+        gpu = GPUS[key]
+        for label, combos, fit, median, slowest, result in timed_searches(shape, base, gpu):
+            best = (f"{describe(result.options[0].scenario)} ({format_bytes(result.options[0].peak_bytes)})"
+                    if result.options else "nothing fits")
+            lines.append(f"| {gpu.label} | {label} | {combos} | {fit} | {median * 1e3:.1f} | {slowest * 1e3:.1f} "
+                         f"| {best} |")
+            print(lines[-1], flush=True)
+            summaries[(key, label)] = result
+
+    lines += ["", "## Against a simulated run of the same scenario", "",
+              "| GPU | scenario | estimated peak (B) | simulated peak (B) | difference | capacity (B) | verdict | "
+              "simulation (s) |", "|---|---|---:|---:|---:|---:|---|---:|"]
+    a10 = GPUS["a10"]
+    peak, plan = smallest_plan(shape, base, SEQ)
+    simulated, sim_s = simulate(plan)
+    lines.append(f"| {a10.label} | smallest plan: {describe(plan)} | {peak:,} | {simulated:,} | "
+                 f"{simulated / peak - 1:+.3%} | {a10.capacity_bytes:,} | "
+                 f"{'over capacity, as the finder says' if simulated > a10.capacity_bytes else 'FITS: finder wrong'} "
+                 f"| {sim_s:.1f} |")
+    print(lines[-1], flush=True)
+    a100 = GPUS["a100-40gb"]
+    best = summaries[("a100-40gb", "largest batch")].options[0]
+    simulated, sim_s = simulate(best.scenario)
+    lines.append(f"| {a100.label} | best, at its largest batch: {describe(best.scenario)} | {best.peak_bytes:,} | "
+                 f"{simulated:,} | {simulated / best.peak_bytes - 1:+.3%} | {a100.capacity_bytes:,} | "
+                 f"{'fits' if simulated <= a100.capacity_bytes else 'OVER capacity'} | {sim_s:.1f} |")
+    print(lines[-1], flush=True)
+    lines += ["", "The search answers from the analytic planner in milliseconds; a simulated run of one scenario "
+              "(fake tensors, one steady-state step) takes the time in the last column."]
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text("\n".join(lines) + "\n")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""The What fits page through AppTest: the default render shows the fit finder's ranking
+for the sidebar's scenario (checked against planner.fit called directly), and "apply
+this plan" writes the chosen combination into the shared sidebar controls."""
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app_pages.fit_view import gpu_for, plan_state, target_for
+from app_pages.inputs import DEFAULTS, SidebarValues, capacity_bytes, scenario_for
+from planner.fit import find_fits
+from planner.loading import load_model_shape
+
+APP = Path(__file__).resolve().parents[1] / "app.py"
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLANNER_DATA_DIR", str(tmp_path / "data"))
+
+
+def expected_result(kind: str = "effective-batch", **overrides):
+    values = SidebarValues.from_state({**DEFAULTS, **overrides})
+    scenario = scenario_for(values)
+    shape = load_model_shape(values.catalog_model, scenario.task, scenario.num_labels)
+    capacity = capacity_bytes(values)
+    return find_fits(shape, scenario, capacity, target_for(values, kind), gpu_for(values, capacity),
+                     values.gpu_count, 0.4)
+
+
+def what_fits() -> AppTest:
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.run()
+    at.switch_page("app_pages/what_fits.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_default_render_shows_the_ranking():
+    at = what_fits()
+    assert at.title[0].value == "What fits" and not at.error
+    expected = expected_result()
+    assert expected.options
+    table = at.dataframe[0].value
+    assert list(table["peak (bytes)"]) == [o.peak_bytes for o in expected.options]
+    assert list(table["optimizer"]) == [o.scenario.optimizer.value for o in expected.options]
+    assert len(at.get("plotly_chart")) == 1
+
+
+def test_apply_writes_the_plan_into_the_sidebar():
+    at = what_fits()
+    expected = expected_result()
+    chosen = plan_state(expected.options[1])
+    assert any(at.session_state[key] != value for key, value in chosen.items())
+    at.selectbox(key="fit_choice").set_value(1).run()
+    at.button(key="fit_apply").click().run()
+    assert not at.exception and not at.error
+    for key, value in chosen.items():
+        assert at.session_state[key] == value
+    assert at.selectbox(key="optimizer").value == chosen["optimizer"]
+    assert at.number_input(key="batch_size").value == chosen["batch_size"]
+    assert at.success[0].value.startswith("Plan applied")
+
+
+def test_largest_batch_target():
+    at = what_fits()
+    at.radio(key="fit_target").set_value("largest").run()
+    assert not at.exception and not at.error
+    expected = expected_result("largest")
+    assert list(at.dataframe[0].value["largest micro-batch"]) == [o.max_batch_size for o in expected.options]
