@@ -36,13 +36,7 @@ def phase_breakdown_figure(result: Estimate, capacity_bytes: int | None = None) 
             customdata=[[f"{size:,}", format_bytes(size)] for size in sizes],
             hovertemplate=f"{label}: %{{customdata[1]}} (%{{customdata[0]}} bytes)<extra></extra>",
         )
-    if capacity_bytes is not None:
-        figure.add_hline(
-            y=bytes_to_gib(capacity_bytes),
-            line=dict(color=CAPACITY_COLOR, dash="dash", width=2),
-            annotation_text=f"capacity {bytes_to_gib(capacity_bytes):,.2f} GiB",
-            annotation_position="top left",
-        )
+    _capacity_line(figure, capacity_bytes)
     figure.update_layout(
         barmode="stack",
         template="plotly_white",
