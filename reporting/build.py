@@ -59,6 +59,7 @@ class Report:
     techniques: list[TechniqueRow]
     runs: pd.DataFrame  # verify_results.history_table of this model's runs
     batch_series: dict
+    fits: pd.DataFrame  # the fit finder's best options for this plan's effective batch
 
     @property
     def title(self) -> str:
@@ -81,7 +82,23 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
         techniques=compare_techniques(shape, values, records, config),
         runs=history_table(records),
         batch_series=memory_vs_batch(shape, values, batch_sizes_for_chart(limits.batch_size)),
+        fits=_fit_table(shape, scenario, capacity_bytes, gpu_count),
     )
+
+
+FIT_ROWS_SHOWN = 10
+
+
+def _fit_table(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int) -> pd.DataFrame:
+    """The fit finder's best options (planner.fit) for the plan's effective batch and sequence."""
+    from app_pages.fit_view import fit_rows
+    from planner.fit import FitTarget, find_fits
+    from planner.gpus import nearest_gpu
+
+    target = FitTarget(scenario.seq_len, effective_batch=scenario.batch_size * scenario.grad_accum_steps * gpu_count)
+    result = find_fits(shape, scenario, capacity_bytes, target, nearest_gpu(capacity_bytes), gpu_count,
+                       with_max_seq_len=False)
+    return pd.DataFrame(fit_rows(result)[:FIT_ROWS_SHOWN])
 
 
 # --- renderings ---------------------------------------------------------------------------
@@ -112,6 +129,7 @@ def to_json(report: Report) -> str:
             "measured_peak_bytes": r.measured_peak_bytes, "measured_mode": r.measured_mode,
             "measured_run_id": r.measured_run_id, "cost": r.technique.cost,
         } for r in report.techniques],
+        "what_fits": json.loads(report.fits.to_json(orient="records")),
         "runs": json.loads(report.runs.to_json(orient="records")),
     }
     return json.dumps(data, indent=2)
@@ -169,6 +187,8 @@ def to_markdown(report: Report) -> str:
     parts += [f"- {_md_cell(line)}" for line in _summary_lines(report)]
     parts += ["", "## Live at the peak", "", _md_table(_plan_table(report)),
               "", "## Techniques", "", _md_table(_technique_table(report)),
+              "", "## What fits (same effective batch, best first)", "",
+              _md_table(report.fits) if not report.fits.empty else "No technique combination fits this GPU.",
               "", "## Verification runs", ""]
     parts.append(_md_table(report.runs) if not report.runs.empty else "No verification runs recorded for this model.")
     return "\n".join(parts) + "\n"
@@ -177,6 +197,8 @@ def to_markdown(report: Report) -> str:
 def to_csv(report: Report) -> str:
     """One table, a `section` column telling the plan's rows, the techniques' and the runs' apart."""
     sections = [_plan_table(report).assign(section="plan"), _technique_table(report).assign(section="techniques")]
+    if not report.fits.empty:
+        sections.append(report.fits.assign(section="what fits"))
     if not report.runs.empty:
         sections.append(report.runs.assign(section="runs"))
     # Nullable integers, so bytes stay integers where other sections leave the column empty.
@@ -221,6 +243,9 @@ def to_html(report: Report) -> str:
         "<h2>Techniques</h2>",
         _technique_table(report).to_html(index=False, escape=True, na_rep="", border=0, classes="table"),
         charts[2],
+        "<h2>What fits (same effective batch, best first)</h2>",
+        (report.fits.to_html(index=False, escape=True, na_rep="", border=0, classes="table")
+         if not report.fits.empty else "<p>No technique combination fits this GPU.</p>"),
         "<h2>Verification runs</h2>", runs, *charts[3:],
     ])
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#1f2937}"

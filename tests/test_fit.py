@@ -195,3 +195,26 @@ def test_pure_bf16_adafactor_step_is_counted():
     shape = model_shape_for_config(tiny_config(name), plan.task, plan.num_labels, name)
     estimated = estimate(shape, plan).peak_bytes
     assert abs(_simulated_peak(name, plan) / estimated - 1) < FIT_ERROR_MARGIN
+
+
+def test_report_carries_the_fit_finders_best_options(tmp_path):
+    """The exported report lists the same options, best first, that the finder returns."""
+    import json as json_module
+
+    from planner.fit import FitTarget, find_fits
+    from planner.gpus import nearest_gpu
+    from planner.loading import load_model_shape
+    from reporting import write_report
+
+    values = {"config": "gpt2", "task": "causal-lm", "batch_size": 4, "seq_len": 512, "gpu": "24"}
+    out = write_report(values, tmp_path / "plan.json")
+    report = json_module.loads(out.read_text())
+    scenario = scenario_from_values(task="causal-lm", batch_size=4, seq_len=512)
+    shape = load_model_shape("gpt2", scenario.task)
+    capacity = 24 * 2**30
+    expected = find_fits(shape, scenario, capacity, FitTarget(512, effective_batch=4), nearest_gpu(capacity),
+                         with_max_seq_len=False).options
+    assert report["what_fits"], "a 124M model fits 24 GiB"
+    assert [row["peak (bytes)"] for row in report["what_fits"]] == [o.peak_bytes for o in expected[:10]]
+    markdown = write_report(values, tmp_path / "plan.md").read_text()
+    assert "## What fits" in markdown
