@@ -54,3 +54,12 @@ def load_context() -> PageContext | None:
 def model_caption(shape: ModelShape) -> str:
     positions = f", {shape.max_positions:,} positions" if shape.max_positions is not None else ""
     return f"**{shape.name}**: {shape.architecture}, {shape.num_parameters:,} parameters{positions}"
+
+
+def start_page(title: str) -> PageContext | None:
+    """Every page's opening: its title, the context, and the model line under the title."""
+    st.title(title)
+    context = load_context()
+    if context is not None:
+        st.caption(model_caption(context.shape))
+    return context

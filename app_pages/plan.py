@@ -12,17 +12,15 @@ from app_pages.comparison import batch_sizes_for_chart, memory_vs_batch
 from app_pages.figures import memory_vs_batch_figure, phase_breakdown_figure
 from planner.fit import fit_limits
 from app_pages.inputs import total_capacity_bytes
-from app_pages.page_context import load_context, model_caption
+from app_pages.page_context import start_page
 from planner.units import format_bytes
 
 
 def render() -> None:
-    st.title("Plan")
-    context = load_context()
+    context = start_page("Plan")
     if context is None:
         return
     result, capacity, shape = context.result, context.capacity_bytes, context.shape
-    st.caption(model_caption(shape))
 
     verdict = verdict_for(result, capacity)
     if verdict.fits:

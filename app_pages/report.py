@@ -8,7 +8,7 @@ import streamlit as st
 
 from app_pages.history_access import recent_runs
 from app_pages.inputs import total_capacity_bytes
-from app_pages.page_context import load_context, model_caption
+from app_pages.page_context import start_page
 from planner.errors import PlannerInputError
 from planner.units import format_bytes
 from reporting import build_report, render_report
@@ -18,11 +18,9 @@ FORMAT_LABELS = {"html": "HTML (interactive charts, works offline)", "md": "Mark
 
 
 def render() -> None:
-    st.title("Report")
-    context = load_context()
+    context = start_page("Report")
     if context is None:
         return
-    st.caption(model_caption(context.shape))
     records, problem = recent_runs(limit=1000, model=context.name)
     if problem:
         st.warning(problem, icon=":material/warning:")

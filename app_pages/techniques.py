@@ -10,15 +10,13 @@ import streamlit as st
 from app_pages.comparison import compare_techniques, comparison_table
 from app_pages.figures import technique_bars_figure
 from app_pages.history_access import recent_runs
-from app_pages.page_context import load_context, model_caption
+from app_pages.page_context import start_page
 
 
 def render() -> None:
-    st.title("Techniques")
-    context = load_context()
+    context = start_page("Techniques")
     if context is None:
         return
-    st.caption(model_caption(context.shape))
     scenario = context.scenario
     st.markdown(
         f"Each row starts from the sidebar's batch of **{scenario.batch_size}** × **{scenario.seq_len:,}** tokens "

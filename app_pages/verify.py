@@ -11,7 +11,7 @@ import streamlit as st
 
 from app_pages.figures import category_comparison_figure, estimate_vs_measured_scatter, technique_bars_figure
 from app_pages.history_access import recent_runs
-from app_pages.page_context import load_context, model_caption
+from app_pages.page_context import start_page
 from app_pages.run_queue import get_queue
 from app_pages.verify_results import (
     MODES,
@@ -129,12 +129,10 @@ def _history() -> None:
 
 
 def render() -> None:
-    st.title("Verify")
-    context = load_context()
+    context = start_page("Verify")
     if context is None:
         _history()
         return
-    st.caption(model_caption(context.shape))
     st.metric("Estimated peak of this plan", format_bytes(context.result.peak_bytes),
               help=f"{context.result.peak_bytes:,} bytes on {context.scenario.device.value}; a run re-estimates "
                    "for the device kind it measures on (cpu for cpu and simulate).")

@@ -10,7 +10,7 @@ import streamlit as st
 
 from app_pages.figures import fit_options_figure
 from app_pages.fit_view import TARGET_LABELS, TargetKind, fit_rows, gpu_for, option_label, plan_state, target_for
-from app_pages.page_context import load_context, model_caption
+from app_pages.page_context import start_page
 from planner.errors import PlannerInputError
 from planner.fit import FIT_ERROR_MARGIN, find_fits
 from planner.step_time import DEFAULT_UTILISATION
@@ -25,12 +25,10 @@ def _apply(state: dict) -> None:
 
 
 def render() -> None:
-    st.title("What fits")
-    context = load_context()
+    context = start_page("What fits")
     if context is None:
         return
     shape, values, capacity = context.shape, context.values, context.capacity_bytes
-    st.caption(model_caption(shape))
     if st.session_state.pop("_applied_plan", False):
         st.success("Plan applied to the sidebar: the other pages now show it.", icon=":material/check_circle:")
 

@@ -247,17 +247,21 @@ def _attention_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[A
     return attention
 
 
+def _pre_attention_norm(shape: ModelShape, z: _Sizes) -> list[ActivationTerm]:
+    """The norm a block applies before its attention (post-LN encoders apply none)."""
+    if shape.family is ArchFamily.ENCODER:
+        return []
+    if shape.family is ArchFamily.LLAMA:
+        return _rmsnorm(z, "input RMSNorm")
+    if shape.family in (ArchFamily.GPT_NEOX, ArchFamily.PHI):
+        return _layernorm(z, "input LayerNorm")
+    return _layernorm(z, "attention LayerNorm")
+
+
 def _attention_side_bytes(shape: ModelShape, scenario: Scenario, z: _Sizes) -> int:
     """Saved bytes of a block still alive when its backward reaches the attention kernel:
     the attention's own tensors and the norm before it (the MLP side is freed by then)."""
-    terms = _block_terms(shape, scenario, z)
-    names = {t.name for t in _attention_terms(shape, scenario, z)}
-    before = {"input RMSNorm input (fp32)", "input RMSNorm normalized", "input RMSNorm rsqrt",
-              "attention LayerNorm input", "attention LayerNorm mean and rstd", "input LayerNorm input",
-              "input LayerNorm mean and rstd"}
-    if shape.family is ArchFamily.ENCODER:
-        before = set()
-    return sum(t.num_bytes for t in terms if t.name in names or t.name in before)
+    return sum(t.num_bytes for t in _pre_attention_norm(shape, z) + _attention_terms(shape, scenario, z))
 
 
 def _block_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[ActivationTerm]:
@@ -273,10 +277,10 @@ def _block_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[Activ
                 + _layernorm(z, "attention LayerNorm") + _plain_mlp(shape, z)
                 + _dropout(z, hidden_p, z.H, z.compute, "MLP output dropout mask") + _layernorm(z, "output LayerNorm"))
     if family is ArchFamily.LLAMA:
-        return (_rmsnorm(z, "input RMSNorm") + attention + _rmsnorm(z, "post-attention RMSNorm")
+        return (_pre_attention_norm(shape, z) + attention + _rmsnorm(z, "post-attention RMSNorm")
                 + _gated_mlp(shape, z))
     if family in (ArchFamily.GPT_NEOX, ArchFamily.PHI):  # parallel residual: both branches read x
-        norms = _layernorm(z, "input LayerNorm")
+        norms = _pre_attention_norm(shape, z)
         if family is ArchFamily.GPT_NEOX:  # a second LayerNorm reads the same input: only its stats are new
             norms.append(ActivationTerm("post-attention LayerNorm mean and rstd", 2 * z.T * FP32,
                                         "native_layer_norm saves mean, rstd"))
@@ -284,7 +288,7 @@ def _block_terms(shape: ModelShape, scenario: Scenario, z: _Sizes) -> list[Activ
         return (norms + attention + mlp + _dropout(z, hidden_p, z.H, z.compute, "attention dropout mask")
                 + _dropout(z, hidden_p, z.H, z.compute, "MLP dropout mask"))
     # GPT-2, OPT and unknown families: pre-LN, sequential residual.
-    return (_layernorm(z, "attention LayerNorm") + attention
+    return (_pre_attention_norm(shape, z) + attention
             + _dropout(z, hidden_p, z.H, z.compute, "attention output dropout mask")
             + _layernorm(z, "MLP LayerNorm") + _plain_mlp(shape, z)
             + _dropout(z, hidden_p, z.H, z.compute, "MLP output dropout mask"))

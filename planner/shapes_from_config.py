@@ -170,10 +170,10 @@ def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: 
     output_embeddings = model.get_output_embeddings() if task is not Task.SEQUENCE_CLASSIFICATION else None
     tied = output_embeddings is not None and output_embeddings.weight is input_embeddings.weight
     max_positions = _first_attr(config, ("max_position_embeddings",))
-    embeddings = {f"{name}.weight" if name else "weight": module.weight for name, module in model.named_modules()
-                  if isinstance(module, torch.nn.Embedding)}
-    embedding_elements = sum({id(w): w.numel() for w in embeddings.values()}.values())
-    unique_names = {n for n, _ in model.named_parameters()}
+    # Each table once (a tied table is one tensor), under the name named_parameters() gives it.
+    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    embedding_params = {n: p for n, p in model.named_parameters() if id(p) in embedding_weights}
+    embedding_elements = sum(p.numel() for p in embedding_params.values())
     return ModelShape(
         name=name,
         model_type=config.model_type,
@@ -201,6 +201,5 @@ def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: 
         float_buffer_elements=sum(b.numel() for b in model.buffers() if b.is_floating_point()),
         other_buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers() if not b.is_floating_point()),
         embedding_elements=embedding_elements,
-        embedding_param_names=frozenset(n for n in embeddings if n in unique_names)
-        | frozenset(n for n, p in model.named_parameters() if any(p is w for w in embeddings.values())),
+        embedding_param_names=frozenset(embedding_params),
     )

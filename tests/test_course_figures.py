@@ -2,7 +2,6 @@
 by the planner and by the real optimizers on the real-size model (random weights)."""
 
 import pytest
-import torch
 
 from planner.catalog import catalog_config
 from planner.cli import main

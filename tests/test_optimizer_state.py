@@ -5,7 +5,6 @@ and sums the unique storages in `optimizer.state` (planner.optimizer_size).
 """
 
 import pytest
-import torch
 
 from conftest import tiny_config
 from planner.loading import model_shape_for_config
