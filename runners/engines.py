@@ -35,7 +35,7 @@ _TRAINER_OPTIM = {Optimizer.ADAMW: "adamw_torch", Optimizer.ADAMW_FUSED: "adamw_
                   Optimizer.ADAMW8BIT: "adamw_bnb_8bit", Optimizer.PAGED_ADAMW8BIT: "paged_adamw_8bit"}
 
 
-def _fresh_accelerator(scenario: Scenario, cpu: bool):
+def fresh_accelerator(scenario: Scenario, cpu: bool, **kwargs):
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -46,16 +46,26 @@ def _fresh_accelerator(scenario: Scenario, cpu: bool):
     # device_placement=False: the caller has put the model and batches where they belong,
     # and a `.to()` of a fake-tensor model (simulate mode) fails on swapping parameters.
     return Accelerator(mixed_precision=_MIXED_PRECISION[scenario.precision],
-                       gradient_accumulation_steps=scenario.grad_accum_steps, cpu=cpu, device_placement=False)
+                       gradient_accumulation_steps=scenario.grad_accum_steps, cpu=cpu, device_placement=False,
+                       **kwargs)
 
 
 def run_accelerate_loop(model, optimizer, batches: list[dict], scenario: Scenario, steps: int, probe,
-                        cpu: bool, local_sgd_steps: int | None = None, progress: Progress | None = None) -> None:
-    """`steps` optimizer steps over the same micro-batches; the last one watched by `probe`."""
+                        cpu: bool, local_sgd_steps: int | None = None, progress: Progress | None = None,
+                        accelerator=None, on_prepared: Callable | None = None) -> None:
+    """`steps` optimizer steps over the same micro-batches; the last one watched by `probe`.
+
+    A distributed run passes its own `accelerator` (one per process, built by
+    runners.rank_worker) and `on_prepared(model, optimizer)` to see the wrapped model
+    (DDP or FSDP) before the first step.
+    """
     from accelerate.local_sgd import LocalSGD
 
-    accelerator = _fresh_accelerator(scenario, cpu)
+    if accelerator is None:
+        accelerator = fresh_accelerator(scenario, cpu)
     model, optimizer = accelerator.prepare(model, optimizer)
+    if on_prepared is not None:
+        on_prepared(model, optimizer)
     unwrapped = accelerator.unwrap_model(model)
     with LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=local_sgd_steps or 1,
                   enabled=local_sgd_steps is not None) as local_sgd:
@@ -130,7 +140,7 @@ def run_trainer(model, optimizer, batches: list[dict], scenario: Scenario, steps
         tracking = False
 
         def _move_model_to_device(self, model, device):
-            pass  # the caller placed the model already (see _fresh_accelerator)
+            pass  # the caller placed the model already (see fresh_accelerator)
 
         def compute_loss(self, model, inputs, *args, **kwargs):
             if self.tracking:

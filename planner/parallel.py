@@ -1,0 +1,350 @@
+"""Memory per device and traffic per optimizer step when training runs on several devices.
+
+Every rank runs the single-device scenario on its own micro-batch (planner.estimate gives
+its activations and temporaries); the strategy (planner.strategy) decides what each rank
+holds of the weights, gradients and optimizer state, which buffers communication adds,
+and which collectives run. Figures are for rank 0, the largest when a tensor's rows do
+not split evenly. Bytes are payloads: what a rank hands to the collective (the reduced
+tensor of an all-reduce, the gathered output of an all-gather, the full input of a
+reduce-scatter); `wire_bytes` is what a ring algorithm sends per rank
+(all-reduce 2(N-1)/N of the payload, all-gather and reduce-scatter (N-1)/N; Patarasuk &
+Yuan 2009; NCCL's docs/performance notes use the same factors).
+
+What each strategy holds, per rank (P parameters, G gradients, S optimizer state):
+- ddp: P, G, S replicated, plus DDP's gradient buckets: a flat copy of every gradient,
+  grouped in reverse parameter order, the first bucket closed at 1 MiB and the others
+  at 25 MiB (torch/nn/parallel/distributed.py `_DEFAULT_FIRST_BUCKET_BYTES`,
+  `bucket_cap_mb=25`; reducer.cpp `compute_bucket_assignment_by_size`). One all-reduce
+  per bucket and optimizer step (accumulating micro-batches run under `no_sync`), and a
+  broadcast of the module buffers before the synchronising forward (`broadcast_buffers`).
+- local SGD (accelerate.local_sgd.LocalSGD on DDP): the model stays in `no_sync`, so no
+  gradient all-reduce; every K calls of `local_sgd.step()` (one per micro-batch in the
+  lessons' loop) each parameter tensor is averaged by its own all-reduce, and once more
+  when the context exits.
+- zero1 / zero2 / zero3 (DeepSpeed): S, then G, then P split N ways; gradients are
+  reduce-scattered and updated parameters all-gathered. ZeRO-3 gathers each layer's
+  parameters in the forward and again in the backward. Modelled from the ZeRO paper
+  (Rajbhandari et al. 2020, section 5) with DeepSpeed's default bucket of 5e8 elements;
+  DeepSpeed is not a dependency here, so these are not verified by a run.
+- fsdp-full-shard / fsdp-shard-grad-op (torch FSDP2 as Accelerate's plugin applies it):
+  each parameter's first dimension padded to a multiple of N and split; units = each
+  transformer block and the (untied) input embedding, resharded after forward with
+  FULL_SHARD; the final norm, LM head and the rest stay gathered from forward to
+  backward. All-gathers: every unit in the forward, the resharded ones again in the
+  backward; one reduce-scatter of each unit's gradients per optimizer step (Accelerate
+  keeps unsharded gradients under `no_sync` while accumulating).
+
+Known limitations: FSDP's transient buffers (the all-gather output beside the unsharded
+parameters, the reduce-scatter input beside the unsharded gradients) are modelled at
+their largest unit and the activations present then, a simplification measured to within
+a few percent on two-rank CPU runs (benchmarks/results/distributed_memory.md); CUDA
+stream-ordered frees and NCCL's own buffers are not modelled; mixed precision under FSDP
+is taken to gather fp32 parameters (Accelerate's FSDP2 casts inside the forward).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from dataclasses import dataclass
+
+from planner.estimate import Estimate, Phase, PhaseMemory, estimate
+from planner.model_shape import ModelShape, ParamTensor
+from planner.optimizer_state import (allocation, optimizer_state_bytes, parameter_bytes_per_element,
+                                     parameter_tensor_bytes)
+from planner.scenario import Scenario
+from planner.strategy import ParallelPlan, Strategy
+
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel(bucket_cap_mb=25)
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000  # reduce_bucket_size / allgather_bucket_size defaults
+
+_BLOCK_INDEX = re.compile(r"\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective over one optimizer step (averaged over a local SGD period)."""
+
+    kind: str  # all_reduce, all_gather, reduce_scatter, broadcast
+    what: str  # gradients, parameters, buffers
+    calls_per_step: float
+    bytes_per_step: float  # payload bytes per rank
+    wire_factor: float  # bytes on the wire per payload byte, per rank (ring algorithm)
+
+    @property
+    def wire_bytes_per_step(self) -> float:
+        return self.bytes_per_step * self.wire_factor
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "what": self.what, "calls_per_step": self.calls_per_step,
+                "bytes_per_step": self.bytes_per_step, "wire_bytes_per_step": self.wire_bytes_per_step}
+
+
+@dataclass(frozen=True)
+class DevicePhase:
+    """Live bytes on one rank at the high point of one phase."""
+
+    phase: Phase
+    weights: int  # own shard (or replica), buffers, and gathered parameters
+    gradients: int
+    optimizer_state: int
+    activations: int
+    temporaries: int
+    communication_buffers: int  # DDP's gradient buckets, DeepSpeed's reduce bucket
+
+    @property
+    def total(self) -> int:
+        return (self.weights + self.gradients + self.optimizer_state + self.activations + self.temporaries
+                + self.communication_buffers)
+
+
+@dataclass(frozen=True)
+class ParallelEstimate:
+    base: Estimate  # one rank's micro-batch on one device
+    plan: ParallelPlan
+    phases: tuple[DevicePhase, ...]
+    placement: dict  # category -> "replicated" | "sharded N ways"
+    ddp_bucket_bytes: tuple[int, ...]
+    largest_gathered_unit_bytes: int  # the biggest set of parameters gathered at once (ZeRO-3, FSDP)
+    collectives: tuple[Collective, ...]
+    local_sgd_sync_bytes: int  # one parameter averaging (local SGD), payload
+    local_sgd_sync_calls: int
+
+    @property
+    def peak(self) -> DevicePhase:
+        return max(self.phases, key=lambda p: p.total)
+
+    @property
+    def per_device_peak_bytes(self) -> int:
+        return self.peak.total
+
+    @property
+    def comm_bytes_per_step(self) -> float:
+        return sum(c.bytes_per_step for c in self.collectives)
+
+    @property
+    def comm_wire_bytes_per_step(self) -> float:
+        return sum(c.wire_bytes_per_step for c in self.collectives)
+
+    def comm_bytes_over_run(self, optimizer_steps: int) -> int:
+        """Payload bytes over `optimizer_steps` steps of the lessons' loop (set-up excluded).
+
+        Local SGD averages at every K-th micro-batch and once more on leaving its context.
+        """
+        plan, scenario = self.plan, self.base.scenario
+        if not plan.distributed:
+            return 0
+        if plan.local_sgd_steps is not None:
+            syncs = optimizer_steps * scenario.grad_accum_steps // plan.local_sgd_steps + 1
+            return syncs * self.local_sgd_sync_bytes
+        return round(optimizer_steps * self.comm_bytes_per_step)
+
+    def to_json(self) -> dict:
+        peak = self.peak
+        return {
+            "num_devices": self.plan.num_devices,
+            "strategy": self.plan.strategy.value,
+            "local_sgd_steps": self.plan.local_sgd_steps,
+            "per_device_peak_bytes": peak.total,
+            "per_device_peak_phase": peak.phase.value,
+            "per_device_breakdown_bytes": {
+                "weights": peak.weights, "gradients": peak.gradients, "optimizer_state": peak.optimizer_state,
+                "activations": peak.activations, "temporaries": peak.temporaries,
+                "communication_buffers": peak.communication_buffers,
+            },
+            "per_device_phases": {p.phase.value: p.total for p in self.phases},
+            "placement": dict(self.placement),
+            "ddp_bucket_bytes": list(self.ddp_bucket_bytes),
+            "largest_gathered_unit_bytes": self.largest_gathered_unit_bytes,
+            "comm_bytes_per_step": self.comm_bytes_per_step,
+            "comm_wire_bytes_per_step": self.comm_wire_bytes_per_step,
+            "collectives": [c.to_json() for c in self.collectives],
+            "local_sgd_sync_bytes": self.local_sgd_sync_bytes,
+        }
+
+
+# --- Shards and units ------------------------------------------------------------------
+
+def _shard_rows(rows: int, n: int) -> int:
+    """Rows rank 0 holds: torch.chunk's split of dim 0 (FSDP2 pads the rest to this size)."""
+    return -(-rows // n)
+
+
+@functools.lru_cache(maxsize=256)
+def sharded_shape(shape: ModelShape, n: int) -> ModelShape:
+    """The model as rank 0 of N sees it: every parameter cut to its dim-0 shard."""
+    params = tuple(ParamTensor(p.name, (_shard_rows(p.shape[0], n),) + tuple(p.shape[1:])) for p in shape.params)
+    return dataclasses.replace(shape, params=params)
+
+
+def _unit_of(param: ParamTensor, shape: ModelShape) -> str:
+    """The FSDP unit Accelerate's FSDP2 wrapping puts a parameter in."""
+    match = _BLOCK_INDEX.search(param.name)
+    if match:
+        return "block " + param.name[:match.end()]
+    vocabulary_rows = param.shape[0] == shape.vocab_size and len(param.shape) == 2
+    if vocabulary_rows and param.name in shape.embedding_param_names and not shape.tied_embeddings:
+        return "input embedding"
+    if vocabulary_rows or (len(param.shape) == 1 and re.search(r"norm|ln_f", param.name)):
+        return "tail"  # fully_shard([final norm, output embedding (+ the tied input one)])
+    return "root"  # what is left (position embeddings, a classifier): the root module's own unit
+
+
+@dataclass(frozen=True)
+class _Units:
+    resharded: tuple[int, ...]  # gathered bytes of each unit resharded after forward (blocks, embedding)
+    kept: int  # gathered bytes of the units that stay gathered until backward (tail, root)
+    kept_calls: int  # how many of those units have parameters: one collective each
+    first_reduced: int  # the unit whose gradients are reduced last: the input embedding, else the kept ones
+
+
+@functools.lru_cache(maxsize=256)
+def _fsdp_units(shape: ModelShape, n: int, element: int) -> _Units:
+    sizes: dict[str, int] = {}
+    for p in shape.params:
+        padded = _shard_rows(p.shape[0], n) * n * math.prod(p.shape[1:])
+        unit = _unit_of(p, shape)
+        sizes[unit] = sizes.get(unit, 0) + padded * element
+    tail, root = sizes.pop("tail", 0), sizes.pop("root", 0)
+    embedding = sizes.get("input embedding")
+    kept = tail + root
+    return _Units(tuple(sizes.values()), kept, bool(tail) + bool(root), embedding if embedding is not None else kept)
+
+
+def ddp_buckets(shape: ModelShape, gradient_element_bytes: int) -> tuple[int, ...]:
+    """DDP's rebuilt buckets: reverse parameter order (when their gradients become ready),
+    closed once they reach 1 MiB (the first) or 25 MiB (the others)."""
+    buckets, current = [], 0
+    for p in reversed(shape.params):
+        current += p.numel * gradient_element_bytes
+        if current >= (DDP_FIRST_BUCKET_BYTES if not buckets else DDP_BUCKET_BYTES):
+            buckets.append(current)
+            current = 0
+    if current:
+        buckets.append(current)
+    return tuple(buckets)
+
+
+# --- The estimate ----------------------------------------------------------------------
+
+def _ring(kind: str, n: int) -> float:
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    return 1.0  # broadcast: every other rank receives the payload once
+
+
+def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
+                      base: Estimate | None = None) -> ParallelEstimate:
+    """Per-rank memory and per-step traffic of `scenario` (per-rank micro-batch) under `plan`."""
+    base = base if base is not None else estimate(shape, scenario)
+    n, strategy = plan.num_devices, plan.strategy
+    on_device = allocation(scenario.device)
+    element = parameter_bytes_per_element(scenario.precision)
+    params = parameter_tensor_bytes(shape, scenario.precision, scenario.device)
+    buffers = base.weights_bytes - params
+    accumulation = scenario.grad_accum_steps
+    placement = {"weights": "replicated", "gradients": "replicated", "optimizer_state": "replicated",
+                 "activations": "per device (its own micro-batch)"}
+    sync_bytes = params
+    sync_calls = shape.stats.num_tensors
+    buckets: tuple[int, ...] = ()
+    gathered_unit = 0
+    collectives: list[Collective] = []
+
+    def collective(kind: str, what: str, calls: float, nbytes: float) -> None:
+        collectives.append(Collective(kind, what, calls, nbytes, _ring(kind, n)))
+
+    if not plan.distributed:
+        phases = tuple(DevicePhase(p.phase, p.weights, p.gradients, p.optimizer_state, p.activations,
+                                   p.temporaries, 0) for p in base.phases)
+        return ParallelEstimate(base, plan, phases, placement, (), 0, (), 0, 0)
+
+    shard = sharded_shape(shape, n)
+    shard_params = parameter_tensor_bytes(shard, scenario.precision, scenario.device)
+    shard_state = optimizer_state_bytes(shard, scenario.optimizer, scenario.precision, scenario.device,
+                                        scenario.engine)
+    fraction = shard_params / params if params else 0.0
+
+    if strategy is Strategy.DDP:
+        buckets = tuple(on_device(b) for b in ddp_buckets(shape, element))
+        phases = tuple(_with(p, communication_buffers=sum(buckets)) for p in base.phases)
+        if plan.local_sgd_steps is not None:
+            per_step = accumulation / plan.local_sgd_steps
+            collective("all_reduce", "parameters", sync_calls * per_step, sync_bytes * per_step)
+        else:
+            collective("all_reduce", "gradients", len(buckets), sum(ddp_buckets(shape, element)))
+            if buffers:
+                collective("broadcast", "buffers", 1, shape.float_buffer_elements * 4 + shape.other_buffer_bytes)
+        return ParallelEstimate(base, plan, phases, placement, buckets, 0, tuple(collectives), sync_bytes, sync_calls)
+
+    placement["optimizer_state"] = f"sharded {n} ways"
+    if strategy.shards_gradients:
+        placement["gradients"] = f"sharded {n} ways"
+    if strategy.shards_parameters:
+        placement["weights"] = f"sharded {n} ways"
+    forward, backward, step = base.phases
+    shard_gradients = shard_params if strategy.shards_gradients else params
+    # Accumulating micro-batches keep whole (unsharded) gradients until the last one.
+    early_gradients = params if accumulation > 1 else 0
+    step_temporaries = round(step.temporaries * fraction) if strategy.shards_optimizer_state else step.temporaries
+    optimizer_phase = DevicePhase(Phase.OPTIMIZER_STEP, (shard_params if strategy.shards_parameters else params)
+                                  + buffers, shard_gradients, shard_state, step.activations, step_temporaries, 0)
+
+    if strategy in (Strategy.ZERO1, Strategy.ZERO2):
+        bucket = on_device(min(params, DEEPSPEED_BUCKET_ELEMENTS * element))
+        phases = (
+            _with(forward, optimizer_state=shard_state, communication_buffers=bucket,
+                  gradients=min(forward.gradients, early_gradients)),
+            _with(backward, optimizer_state=shard_state, communication_buffers=bucket,
+                  gradients=min(backward.gradients, shard_gradients + bucket)),
+            dataclasses.replace(optimizer_phase, communication_buffers=bucket),
+        )
+        collective("reduce_scatter", "gradients", 1 if strategy is Strategy.ZERO1 else accumulation, params
+                   * (1 if strategy is Strategy.ZERO1 else accumulation))
+        collective("all_gather", "parameters", 1, params)
+        return ParallelEstimate(base, plan, phases, placement, (), 0, tuple(collectives), sync_bytes, sync_calls)
+
+    units = _fsdp_units(shape, n, element)
+    largest = max(units.resharded + (units.kept,))
+    gathered_unit = largest
+    everything = sum(units.resharded) + units.kept
+    keeps_all = strategy is Strategy.FSDP_SHARD_GRAD_OP
+    kept_after_forward = everything if keeps_all else units.kept
+    own = shard_params + buffers
+    # Forward: the units kept gathered, and one more copy of the largest unit (its gathered
+    # output beside the unsharded parameters it is copied into).
+    forward_phase = DevicePhase(Phase.FORWARD, own + kept_after_forward + largest, early_gradients, shard_state,
+                                forward.activations, forward.temporaries, 0)
+    # End of backward: the last unit reduced is gathered, its unsharded gradients and the
+    # reduce-scatter's input copy alive, every gradient shard made.
+    backward_end = DevicePhase(Phase.BACKWARD, own + units.first_reduced,
+                               shard_params + (params if accumulation > 1 else 0), shard_state,
+                               base.profile.embedding_bytes + step.activations, 2 * units.first_reduced, 0)
+    # Start of backward: what the forward left gathered, the last block re-gathered, and
+    # the head's unsharded gradients beside their reduce-scatter input (measured on
+    # two-rank runs: about two copies of the kept units).
+    block = max(units.resharded, default=0)
+    backward_start = DevicePhase(Phase.BACKWARD, own + kept_after_forward + (0 if keeps_all else block),
+                                 early_gradients + 2 * units.kept, shard_state, forward.activations,
+                                 forward.temporaries, 0)
+    phases = (forward_phase, max(backward_end, backward_start, key=lambda p: p.total), optimizer_phase)
+    gathers = len(units.resharded) + units.kept_calls
+    regathers = 0 if keeps_all else len(units.resharded)
+    collective("all_gather", "parameters", accumulation * (gathers + regathers),
+               accumulation * (everything + (0 if keeps_all else sum(units.resharded))))
+    collective("reduce_scatter", "gradients", gathers, everything)
+    return ParallelEstimate(base, plan, phases, placement, (), gathered_unit, tuple(collectives), sync_bytes,
+                            sync_calls)
+
+
+def _with(phase: PhaseMemory | DevicePhase, **changes) -> DevicePhase:
+    values = {"phase": phase.phase, "weights": phase.weights, "gradients": phase.gradients,
+              "optimizer_state": phase.optimizer_state, "activations": phase.activations,
+              "temporaries": phase.temporaries, "communication_buffers": 0}
+    values.update(changes)
+    return DevicePhase(**values)
