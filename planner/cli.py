@@ -16,8 +16,10 @@ from planner.estimate import Estimate, estimate
 from planner.fit import SHARDING_NOTE, FitResult, FitTarget, smallest_plan
 from planner.gpus import GPUS, gpu_spec, nearest_gpu
 from planner.loading import load_model_shape
+from planner.parallel import ParallelEstimate, parallel_estimate
 from planner.scenario import (Attention, Checkpointing, Device, Engine, Precision, Task, as_int,
                               scenario_from_values)
+from planner.strategy import MULTI_DEVICE_STRATEGIES, ParallelPlan, Strategy, parse_strategy
 from planner.step_time import DEFAULT_UTILISATION
 from planner.units import GIB, format_bytes
 
@@ -48,6 +50,15 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hub", action="store_true", help="allow fetching --config from the Hugging Face hub")
 
 
+def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-devices", default="1", help="data-parallel devices (GPUs), each with --batch-size")
+    parser.add_argument("--strategy", default=Strategy.DDP.value, choices=[s.value for s in MULTI_DEVICE_STRATEGIES],
+                        help="how the devices share the model when --num-devices > 1 (default ddp)")
+    parser.add_argument("--local-sgd-steps", default=None,
+                        help="accelerate LocalSGD: average parameters every K micro-batches instead of "
+                             "all-reducing gradients (ddp only)")
+
+
 def add_fit_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="catalog name (see `catalog`) or path to a config.json")
     parser.add_argument("--task", default="causal-lm", choices=[t.value for t in Task])
@@ -75,6 +86,7 @@ def _build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     one = commands.add_parser("estimate", help="estimate one scenario")
     add_scenario_flags(one)
+    add_parallel_flags(one)
     one.add_argument("--json", action="store_true", help="print one JSON object (integer bytes)")
     many = commands.add_parser("batch", help="estimate one scenario per line of a JSONL file")
     many.add_argument("file", help="JSONL file, one scenario object per line")
@@ -90,6 +102,26 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PARALLEL_KEYS = ("num_devices", "strategy", "local_sgd_steps")
+
+
+def plan_from_values(values: dict) -> ParallelPlan:
+    """The multi-device plan from user-facing values (CLI flags, JSONL keys); one device by default."""
+    devices = as_int(values.get("num_devices", 1), "number of devices")
+    local_sgd = values.get("local_sgd_steps")
+    strategy = parse_strategy(values.get("strategy") or Strategy.DDP.value) if devices > 1 else Strategy.SINGLE
+    return ParallelPlan(devices, strategy, None if local_sgd is None else as_int(local_sgd, "local SGD steps"))
+
+
+def result_json(values: dict, base_dir: Path | None = None, allow_hub: bool = False) -> dict:
+    """The estimate's JSON with the per-device and communication keys of its plan."""
+    plan = plan_from_values(values)
+    base = estimate_from_values(values, base_dir=base_dir, allow_hub=allow_hub)
+    shape = load_model_shape(values["config"], base.scenario.task, base.scenario.num_labels, base_dir=base_dir,
+                             allow_hub=allow_hub)
+    return {**base.to_json(), **parallel_estimate(shape, base.scenario, plan, base=base).to_json()}
+
+
 def estimate_from_values(values: dict, base_dir: Path | None = None, allow_hub: bool = False) -> Estimate:
     """One estimate from user-facing scenario values (the JSONL keys)."""
     if "config" not in values:
@@ -97,14 +129,15 @@ def estimate_from_values(values: dict, base_dir: Path | None = None, allow_hub: 
     if "task" not in values:
         raise PlannerInputError("scenario has no 'task': use sequence-classification, causal-lm or masked-lm")
     known = {"id", "config", "task", "num_labels", "batch_size", "seq_len", "optimizer", "precision",
-             "gradient_checkpointing", "grad_accum", "attn", "device", "engine"}
+             "gradient_checkpointing", "grad_accum", "attn", "device", "engine",
+             *PARALLEL_KEYS}
     unknown = sorted(set(values) - known)
     if unknown:
         raise PlannerInputError(f"unknown scenario key(s) {', '.join(map(repr, unknown))}: allowed are {', '.join(sorted(known))}")
     for key in ("batch_size", "seq_len"):
         if key not in values:
             raise PlannerInputError(f"scenario has no {key!r}: give a positive integer")
-    scenario_values = {k: v for k, v in values.items() if k not in ("id", "config")}
+    scenario_values = {k: v for k, v in values.items() if k not in ("id", "config", *PARALLEL_KEYS)}
     scenario = scenario_from_values(**scenario_values)
     if not isinstance(values["config"], str):
         raise PlannerInputError("'config' must be a string: a catalog name or a config.json path")
@@ -141,15 +174,46 @@ def format_table(result: Estimate) -> str:
 
 
 def _run_estimate(args: argparse.Namespace) -> int:
-    result = estimate_from_values(
-        {"config": args.config, "task": args.task, "num_labels": args.num_labels, "batch_size": args.batch_size,
-         "seq_len": args.seq_len, "optimizer": args.optimizer, "precision": args.precision,
-         "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
-         "attn": args.attn, "device": args.device, "engine": args.engine},
-        base_dir=Path.cwd(), allow_hub=args.hub,
-    )
-    print(json.dumps(result.to_json()) if args.json else format_table(result))
+    values = {"config": args.config, "task": args.task, "num_labels": args.num_labels, "batch_size": args.batch_size,
+              "seq_len": args.seq_len, "optimizer": args.optimizer, "precision": args.precision,
+              "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
+              "attn": args.attn, "device": args.device, "engine": args.engine, "num_devices": args.num_devices,
+              "strategy": args.strategy, "local_sgd_steps": args.local_sgd_steps}
+    if args.json:
+        print(json.dumps(result_json(values, base_dir=Path.cwd(), allow_hub=args.hub)))
+        return 0
+    plan = plan_from_values(values)
+    result = estimate_from_values(values, base_dir=Path.cwd(), allow_hub=args.hub)
+    print(format_table(result))
+    if plan.distributed or plan.local_sgd_steps is not None:
+        shape = load_model_shape(args.config, result.scenario.task, result.scenario.num_labels, base_dir=Path.cwd(),
+                                 allow_hub=args.hub)
+        print("\n" + format_parallel_table(parallel_estimate(shape, result.scenario, plan, base=result)))
     return 0
+
+
+def format_parallel_table(result: ParallelEstimate) -> str:
+    """Per-device memory and per-step traffic of a multi-device plan, binary units labelled."""
+    plan, peak = result.plan, result.peak
+    sgd = f", local SGD every {plan.local_sgd_steps} micro-batches" if plan.local_sgd_steps else ""
+    lines = [f"{plan.num_devices} devices, {plan.strategy.value}{sgd}: per device", ""]
+    rows = [("weights", peak.weights), ("gradients", peak.gradients), ("optimizer state", peak.optimizer_state),
+            ("activations", peak.activations), ("temporaries", peak.temporaries),
+            ("communication buffers", peak.communication_buffers), (f"PEAK PER DEVICE ({peak.phase.value})", peak.total)]
+    lines += [f"{name:<34}{value:>18,}  {format_bytes(value):>20}" for name, value in rows]
+    lines += ["", "placement: " + ", ".join(f"{k} {v}" for k, v in result.placement.items())]
+    if result.ddp_bucket_bytes:
+        lines.append(f"DDP gradient buckets: {len(result.ddp_bucket_bytes)} "
+                     f"({', '.join(format_bytes(b) for b in result.ddp_bucket_bytes)})")
+    if result.largest_gathered_unit_bytes:
+        lines.append(f"largest gathered unit: {format_bytes(result.largest_gathered_unit_bytes)}")
+    lines += ["", "per optimizer step (payload per device; wire = ring algorithm):"]
+    for c in result.collectives:
+        lines.append(f"  {c.kind:<15}{c.what:<11}{c.calls_per_step:>9.4g} calls {c.bytes_per_step:>18,.0f} B  "
+                     f"{format_bytes(round(c.bytes_per_step)):>12}  wire {format_bytes(round(c.wire_bytes_per_step))}")
+    lines.append(f"  total {result.comm_bytes_per_step:,.0f} B ({format_bytes(round(result.comm_bytes_per_step))}) "
+                 "per optimizer step")
+    return "\n".join(lines)
 
 
 def _batch_line_result(line: str, base_dir: Path) -> dict:
@@ -163,7 +227,7 @@ def _batch_line_result(line: str, base_dir: Path) -> dict:
         return {"error": "line must be a JSON object"}
     scenario_id = values.get("id")
     try:
-        result = estimate_from_values(values, base_dir=base_dir).to_json()
+        result = result_json(values, base_dir=base_dir)
     except PlannerInputError as error:
         result = {"error": str(error)}
     if scenario_id is not None:

@@ -39,7 +39,9 @@ parameters, the reduce-scatter input beside the unsharded gradients) are modelle
 their largest unit and the activations present then, a simplification measured to within
 a few percent on two-rank CPU runs (benchmarks/results/distributed_memory.md); CUDA
 stream-ordered frees and NCCL's own buffers are not modelled; mixed precision under FSDP
-is taken to gather fp32 parameters (Accelerate's FSDP2 casts inside the forward).
+is taken to gather fp32 parameters with autocast's 16-bit weight copies counted as on one
+device (an upper bound: a 16-bit MixedPrecisionPolicy gathers half the bytes and makes
+the copies unnecessary).
 """
 
 from __future__ import annotations
@@ -196,6 +198,7 @@ def _unit_of(param: ParamTensor, shape: ModelShape) -> str:
 @dataclass(frozen=True)
 class _Units:
     resharded: tuple[int, ...]  # gathered bytes of each unit resharded after forward (blocks, embedding)
+    largest_block: int
     kept: int  # gathered bytes of the units that stay gathered until backward (tail, root)
     kept_calls: int  # how many of those units have parameters: one collective each
     first_reduced: int  # the unit whose gradients are reduced last: the input embedding, else the kept ones
@@ -211,7 +214,9 @@ def _fsdp_units(shape: ModelShape, n: int, element: int) -> _Units:
     tail, root = sizes.pop("tail", 0), sizes.pop("root", 0)
     embedding = sizes.get("input embedding")
     kept = tail + root
-    return _Units(tuple(sizes.values()), kept, bool(tail) + bool(root), embedding if embedding is not None else kept)
+    blocks = [size for unit, size in sizes.items() if unit.startswith("block ")]
+    return _Units(tuple(sizes.values()), max(blocks, default=0), kept, bool(tail) + bool(root),
+                  embedding if embedding is not None else kept)
 
 
 def ddp_buckets(shape: ModelShape, gradient_element_bytes: int) -> tuple[int, ...]:
@@ -328,8 +333,7 @@ def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
     # Start of backward: what the forward left gathered, the last block re-gathered, and
     # the head's unsharded gradients beside their reduce-scatter input (measured on
     # two-rank runs: about two copies of the kept units).
-    block = max(units.resharded, default=0)
-    backward_start = DevicePhase(Phase.BACKWARD, own + kept_after_forward + (0 if keeps_all else block),
+    backward_start = DevicePhase(Phase.BACKWARD, own + kept_after_forward + (0 if keeps_all else units.largest_block),
                                  early_gradients + 2 * units.kept, shard_state, forward.activations,
                                  forward.temporaries, 0)
     phases = (forward_phase, max(backward_end, backward_start, key=lambda p: p.total), optimizer_phase)
