@@ -84,6 +84,7 @@ router = st.navigation([
     st.Page("app_pages/plan.py", title="Plan", icon=":material/calculate:", default=True),
     st.Page("app_pages/what_fits.py", title="What fits", icon=":material/fit_screen:"),
     st.Page("app_pages/techniques.py", title="Techniques", icon=":material/compare:"),
+    st.Page("app_pages/multi_gpu.py", title="Multiple GPUs", icon=":material/lan:"),
     st.Page("app_pages/verify.py", title="Verify", icon=":material/fact_check:"),
     st.Page("app_pages/report.py", title="Report", icon=":material/download:"),
 ])
