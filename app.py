@@ -74,8 +74,8 @@ with st.sidebar:
     else:
         st.caption(f"{format_bytes(GPU_PRESETS[preset])}, as nvidia-smi reports it")
     st.number_input("Number of GPUs", min_value=1, max_value=4096, step=1, key="gpu_count",
-                    help="For now this only scales the total capacity shown: every plan is per GPU "
-                         "(each data-parallel replica holds all of it). Multi-GPU plans come later.")
+                    help="Plan and What fits count per GPU with DDP (a full replica and DDP's gradient "
+                         "buckets on each); the Multiple GPUs page compares DDP, ZeRO and FSDP and their traffic.")
 
 # The plan's values in the URL, so the address bar is a shareable link to this plan.
 st.query_params.from_dict(encode({key: st.session_state.get(key) for key in DEFAULTS}))

@@ -21,13 +21,14 @@ simulated (fake-tensor) runs.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Callable
 
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
 from planner.gpus import GpuSpec
 from planner.model_shape import ModelShape
+from planner.parallel import parallel_estimate
+from planner.strategy import ParallelPlan, Strategy
 from planner.scenario import Checkpointing, Optimizer, Precision, Scenario
 from planner.step_time import DEFAULT_UTILISATION, StepTime, step_time
 
@@ -72,27 +73,34 @@ def largest_fitting(peak_for: Callable[[int], int | None], capacity_bytes: int, 
     return good
 
 
-def _peak_or_none(shape: ModelShape, scenario: Scenario) -> int | None:
-    try:
+def per_device_peak(shape: ModelShape, scenario: Scenario, plan: ParallelPlan | None = None) -> int:
+    """One device's peak: the single-device estimate, or under `plan` (DDP's buckets, shards)."""
+    if plan is None or not plan.distributed:
         return estimate(shape, scenario).peak_bytes
+    return parallel_estimate(shape, scenario, plan).per_device_peak_bytes
+
+
+def _peak_or_none(shape: ModelShape, scenario: Scenario, plan: ParallelPlan | None = None) -> int | None:
+    try:
+        return per_device_peak(shape, scenario, plan)
     except PlannerInputError:  # e.g. a sequence longer than the model's positions
         return None
 
 
 def max_batch_size(shape: ModelShape, scenario: Scenario, capacity_bytes: int,
-                   limit: int = BATCH_SEARCH_LIMIT) -> int | None:
+                   limit: int = BATCH_SEARCH_LIMIT, plan: ParallelPlan | None = None) -> int | None:
     """Largest micro-batch (sequences) of `scenario` that fits; None when batch 1 does not."""
-    return largest_fitting(lambda b: _peak_or_none(shape, dataclasses.replace(scenario, batch_size=b)),
+    return largest_fitting(lambda b: _peak_or_none(shape, dataclasses.replace(scenario, batch_size=b), plan),
                            capacity_bytes, limit)
 
 
 def max_seq_len(shape: ModelShape, scenario: Scenario, capacity_bytes: int,
-                limit: int = SEQ_SEARCH_LIMIT, known_fit: int = 1) -> int | None:
+                limit: int = SEQ_SEARCH_LIMIT, known_fit: int = 1, plan: ParallelPlan | None = None) -> int | None:
     """Largest sequence length (tokens) of `scenario` that fits, capped by the model's
     positions; None when one token does not."""
     if shape.max_positions is not None:
         limit = min(limit, shape.max_positions)
-    return largest_fitting(lambda s: _peak_or_none(shape, dataclasses.replace(scenario, seq_len=s)),
+    return largest_fitting(lambda s: _peak_or_none(shape, dataclasses.replace(scenario, seq_len=s), plan),
                            capacity_bytes, limit, known_fit)
 
 
@@ -111,18 +119,14 @@ def fit_limits(shape: ModelShape, scenario: Scenario, capacity_bytes: int) -> Fi
 
 # --- The fit finder -------------------------------------------------------------------
 
-class Strategy(enum.Enum):
-    SINGLE = "single"  # one GPU
-    DDP = "ddp"  # data parallel: every GPU holds a full replica and its own micro-batch
-
-
 # The combinations searched. Adam, the other 8-bit variants and torch's Adafactor hold
 # the same memory as one of these (or more) at the same cost, so they add rows, not choices.
 SEARCH_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.ADAMW8BIT, Optimizer.HF_ADAFACTOR, Optimizer.SGD)
 SEARCH_PRECISIONS = (Precision.FP32, Precision.BF16_MIXED, Precision.BF16)
 SEARCH_CHECKPOINTING = (Checkpointing.NONE, Checkpointing.EVERY_LAYER)
-SHARDING_NOTE = ("multi-GPU plans here are DDP only (each GPU holds a full replica); sharded strategies "
-                 "(FSDP / ZeRO) come with the multi-GPU issue")
+SHARDING_NOTE = ("multi-GPU plans here are DDP (each GPU holds a full replica plus DDP's gradient buckets); "
+                 "for sharded strategies (ZeRO, FSDP) see `planner estimate --num-devices N --strategy ...` "
+                 "and the Multiple GPUs page")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,6 +232,7 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
         per_device = target.batch_size  # None: as large as fits
         accumulations = [1]
     strategy = Strategy.SINGLE if num_devices == 1 else Strategy.DDP
+    parallel = ParallelPlan(num_devices, strategy)
     base = dataclasses.replace(base, seq_len=target.seq_len, batch_size=1, grad_accum_steps=1)
 
     # The peak depends on accumulation only through "is there more than one micro-batch"
@@ -243,17 +248,17 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
                                                 checkpointing=checkpointing, grad_accum_steps=min(k, 2))
                     key = (optimizer, precision, checkpointing, min(k, 2))
                     if key not in largest:
-                        largest[key] = max_batch_size(shape, combo, capacity_bytes)
+                        largest[key] = max_batch_size(shape, combo, capacity_bytes, plan=parallel)
                     best = largest[key]
                     micro = per_device // k if per_device is not None else best
                     if best is None or micro > best:
                         continue
                     plan = dataclasses.replace(combo, batch_size=micro, grad_accum_steps=k)
-                    result = estimate(shape, plan)
-                    seq = (max_seq_len(shape, plan, capacity_bytes, known_fit=plan.seq_len)
+                    result = parallel_estimate(shape, plan, parallel)
+                    seq = (max_seq_len(shape, plan, capacity_bytes, known_fit=plan.seq_len, plan=parallel)
                            if with_max_seq_len else None)
-                    options.append(FitOption(plan, strategy, num_devices, best, seq, result.peak_bytes,
-                                             result.peak_phase.value,
+                    options.append(FitOption(plan, strategy, num_devices, best, seq, result.per_device_peak_bytes,
+                                             result.peak.phase.value,
                                              step_time(shape, plan, gpu, num_devices, utilisation)))
     by_sequence = target.batch_size is None and target.effective_batch is None
     options.sort(key=lambda o: (o.seconds_per_sequence if by_sequence else o.step_time_s, o.peak_bytes))

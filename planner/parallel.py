@@ -251,11 +251,12 @@ def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
     on_device = allocation(scenario.device)
     element = parameter_bytes_per_element(scenario.precision)
     params = parameter_tensor_bytes(shape, scenario.precision, scenario.device)
+    payload = shape.stats.num_elements * element  # what a collective carries: no allocator rounding
     buffers = base.weights_bytes - params
     accumulation = scenario.grad_accum_steps
     placement = {"weights": "replicated", "gradients": "replicated", "optimizer_state": "replicated",
                  "activations": "per device (its own micro-batch)"}
-    sync_bytes = params
+    sync_bytes = payload
     sync_calls = shape.stats.num_tensors
     buckets: tuple[int, ...] = ()
     gathered_unit = 0
@@ -309,9 +310,9 @@ def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
                   gradients=min(backward.gradients, shard_gradients + bucket)),
             dataclasses.replace(optimizer_phase, communication_buffers=bucket),
         )
-        collective("reduce_scatter", "gradients", 1 if strategy is Strategy.ZERO1 else accumulation, params
-                   * (1 if strategy is Strategy.ZERO1 else accumulation))
-        collective("all_gather", "parameters", 1, params)
+        reductions = 1 if strategy is Strategy.ZERO1 else accumulation
+        collective("reduce_scatter", "gradients", reductions, payload * reductions)
+        collective("all_gather", "parameters", 1, payload)
         return ParallelEstimate(base, plan, phases, placement, (), 0, tuple(collectives), sync_bytes, sync_calls)
 
     units = _fsdp_units(shape, n, element)
