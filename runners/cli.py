@@ -2,6 +2,8 @@
 
 `verify` takes the planner's scenario flags (`python -m planner estimate`), runs the
 scenario in a child process (runners.verify) and prints estimated vs measured memory.
+With `--num-processes N` (N > 1) it runs N ranks under torchrun with `--strategy`
+(runners.launch) and prints each rank's measured peak and the collectives per step.
 Progress goes to stderr as a one-line bar (redrawn in place on a terminal, one line per
 stage otherwise); with `--json` the last stdout line is the result object.
 
@@ -24,6 +26,7 @@ from pathlib import Path
 from planner.cli import EXIT_BAD_INPUT, OneLineParser, add_scenario_flags
 from planner.config_source import resolve_config
 from planner.errors import PlannerInputError
+from planner.strategy import MULTI_DEVICE_STRATEGIES, Strategy, parse_strategy
 from planner.units import format_bytes
 from runners.request import INJECTABLE_FAULTS, Engine, Mode, VerifyRequest
 
@@ -68,6 +71,10 @@ def _build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--timeout", type=_positive_number, default=DEFAULT_TIMEOUT_S,
                         help=f"wall-clock limit in seconds (default {DEFAULT_TIMEOUT_S:g})")
     verify.add_argument("--json", action="store_true", help="last stdout line: the result as one JSON object")
+    verify.add_argument("--num-processes", type=int, default=1,
+                        help="ranks under torchrun (default 1: one process, estimated vs measured)")
+    verify.add_argument("--strategy", default=None, choices=[s.value for s in MULTI_DEVICE_STRATEGIES],
+                        help="with --num-processes 2 or more (default ddp)")
     verify.add_argument("--inject-fault", choices=INJECTABLE_FAULTS, default=None, help=argparse.SUPPRESS)
     history = commands.add_parser("history", help="list recent runs")
     history.add_argument("--limit", type=int, default=20)
@@ -166,7 +173,13 @@ def format_result(result: dict) -> str:
 def _run_verify(args: argparse.Namespace) -> int:
     from runners.verify import verify
 
+    if args.num_processes < 1:
+        raise PlannerInputError(f"--num-processes must be a positive integer, got {args.num_processes}")
+    if args.num_processes == 1 and args.strategy is not None:
+        raise PlannerInputError("--strategy needs --num-processes 2 or more")
     request = _request_from_args(args)
+    if args.num_processes > 1:
+        return _run_distributed_verify(args, request)
     bar = ProgressBar()
     try:
         result = verify(request, timeout_s=args.timeout, on_progress=bar)
@@ -176,6 +189,103 @@ def _run_verify(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(format_result(result))
+    return EXIT_CODES.get(result["status"], EXIT_RUN_FAILED)
+
+
+# --- distributed runs (runners.launch) ----------------------------------------------------
+
+def _distributed_estimate_json(request: VerifyRequest, strategy: Strategy, num_processes: int) -> dict:
+    """The planner's estimate for one rank of this multi-device run, stored with the run in
+    the history. The multi-device estimate is not wired in yet: an empty dict, not a guess."""
+    return {}
+
+
+def _distributed_scenario_record(request: VerifyRequest, requested: VerifyRequest, strategy: Strategy,
+                                 num_processes: int) -> dict:
+    """What the history stores as the run's scenario: enough to run it again."""
+    return {**request.scenario, "engine": request.engine.value, "steps": request.steps,
+            "local_sgd_steps": request.local_sgd_steps, "seed": request.seed, "requested_mode": requested.mode.value,
+            "inject_fault": request.inject_fault, "model_config": request.config, "strategy": strategy.value,
+            "num_devices": num_processes}
+
+
+def _distributed_measurement_record(result: dict) -> dict:
+    """The result without what is bulky or stored elsewhere (stderr tail, each rank's environment)."""
+    record = {k: v for k, v in result.items() if k not in ("stderr_tail", "ranks", "run_id")}
+    record["ranks"] = [{k: v for k, v in rank.items() if k != "environment"} for rank in result["ranks"]]
+    # `history` lists measurement["peak_bytes"]: for N ranks, the largest rank's peak.
+    record["peak_bytes"] = result["max_rank_peak_bytes"]
+    return record
+
+
+def _display_bytes(value: float | int | None) -> str:
+    if value is None:
+        return "n/a"
+    whole = int(value) if float(value).is_integer() else value
+    return f"{format_bytes(whole)} ({value:,.0f} bytes)"
+
+
+def format_distributed_result(result: dict, model_name: str, steps: int) -> str:
+    """Each rank's measured peak, and the collectives of one steady-state step."""
+    lines = [f"{model_name}: {result['status']}, {result['num_processes']} processes, strategy {result['strategy']}, "
+             f"mode {result['mode']} (run {result.get('run_id')})"]
+    if result.get("reason"):
+        lines.append(f"Reason: {result['reason']}")
+    if result["status"] != "ok":
+        tail = result.get("stderr_tail") or []
+        if tail:
+            lines += ["", "Last output:", *(f"  {line}" for line in tail[-8:])]
+        return "\n".join(lines)
+    lines += ["", f"{'rank':<6}{'measured peak':<40}{'peak phase':<16}{'replicas':<10}"]
+    for rank in result["ranks"]:
+        measured = rank["measured"]
+        equal = {True: "equal", False: "DIFFER", None: "sharded"}[rank.get("replicas_equal")]
+        lines.append(f"{rank['rank']:<6}{_display_bytes(measured.get('peak_bytes')):<40}"
+                     f"{measured.get('peak_phase') or 'n/a':<16}{equal:<10}")
+    lines.append(f"Largest rank peak: {_display_bytes(result['max_rank_peak_bytes'])}.")
+    lines += ["", f"Collectives per step (rank 0, mean of steps 2 to {steps}; step 1 includes set-up):"]
+    for kind, tally in (result.get("comm_per_step") or {}).items():
+        lines.append(f"  {kind:<24}{tally['calls']:>8.2f} calls  {_display_bytes(tally['bytes'])}")
+    if not result.get("comm_per_step"):
+        lines.append("  none")
+    if result.get("wall_s") is not None:
+        lines.append(f"Wall time: {result['wall_s']:.1f} s, torchrun start to finish.")
+    lines.append("Sizes in binary units (MiB = 2**20 bytes); collective bytes are the payload each rank hands over.")
+    return "\n".join(lines)
+
+
+def _run_distributed_verify(args: argparse.Namespace, request: VerifyRequest) -> int:
+    from runners.history import RunHistory, RunStatus
+    from runners.launch import plan_distributed, run_distributed
+
+    strategy = parse_strategy(args.strategy or Strategy.DDP.value)
+    plan = plan_distributed(request, strategy, args.num_processes)  # PlannerInputError: bad input, exit 2
+    history = RunHistory()
+    run_id = history.start_run(
+        request.model_name, plan.request.mode.value,
+        _distributed_scenario_record(plan.request, request, strategy, args.num_processes),
+        _distributed_estimate_json(plan.request, strategy, args.num_processes))
+    bar = ProgressBar()
+    try:
+        result = run_distributed(request, strategy, args.num_processes, args.timeout, on_progress=bar)
+    except BaseException as error:
+        status = RunStatus.FAILED if isinstance(error, Exception) else RunStatus.KILLED
+        history.finish_run(run_id, status, reason=f"the caller stopped: {type(error).__name__}: {error}"[:500])
+        raise
+    finally:
+        bar.close()
+    result["run_id"] = run_id
+    environment = result["ranks"][0].get("environment") if result["ranks"] else None
+    try:
+        history.finish_run(run_id, result["status"], measurement=_distributed_measurement_record(result),
+                           environment=environment, reason=result["reason"])
+    except ValueError as error:  # a measurement the store cannot hold (not JSON, NaN): still record the run
+        result.update(status=RunStatus.FAILED.value, reason=f"the result could not be stored: {error}")
+        history.finish_run(run_id, RunStatus.FAILED, reason=result["reason"][:500])
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(format_distributed_result(result, request.model_name, request.steps))
     return EXIT_CODES.get(result["status"], EXIT_RUN_FAILED)
 
 

@@ -1,0 +1,131 @@
+"""runners.launch and `verify --num-processes`: real torchrun runs of tiny-llama on CPU
+over gloo. A rank SIGKILLed mid-run, or one that exits before the process group forms,
+ends the run with a reason naming the rank, well within the limit, and leaves no process
+behind; refusals start nothing; the CLI's two-rank DDP run ends with equal replicas."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import CONFIGS, tiny_config
+from planner.strategy import Strategy
+from runners import launch
+from runners.history import RunHistory
+from runners.launch import processes_holding, run_distributed
+from runners.request import Mode, VerifyRequest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = {"task": "causal-lm", "batch_size": 2, "seq_len": 16, "optimizer": "adamw", "precision": "fp32"}
+TIMEOUT_S = 60.0
+
+
+def request(mode: Mode = Mode.CPU, fault: str | None = None, steps: int = 4) -> VerifyRequest:
+    return VerifyRequest(config=tiny_config("tiny-llama"), model_name="tiny-llama", scenario=SCENARIO, mode=mode,
+                         steps=steps, inject_fault=fault)
+
+
+@pytest.fixture
+def launched(monkeypatch) -> list[str]:
+    """The private temp dir of every run started (every process of a run carries it in its argv)."""
+    dirs: list[str] = []
+    real_mkdtemp = launch.tempfile.mkdtemp
+
+    def recording_mkdtemp(*args, **kwargs):
+        dirs.append(real_mkdtemp(*args, **kwargs))
+        return dirs[-1]
+
+    monkeypatch.setattr(launch.tempfile, "mkdtemp", recording_mkdtemp)
+    return dirs
+
+
+def assert_nothing_left(dirs: list[str]) -> None:
+    assert dirs, "no run was started"
+    for directory in dirs:
+        assert processes_holding(directory) == [], f"processes of {directory} outlived the run"
+        assert not Path(directory).exists(), "the run's temp dir was not removed"
+
+
+def test_rank_sigkilled_mid_run_names_the_rank_and_leaves_nothing(launched):
+    events = []
+    started = time.monotonic()
+    result = run_distributed(request(fault="sigkill-self"), Strategy.DDP, 2, TIMEOUT_S, on_progress=events.append)
+    elapsed = time.monotonic() - started
+    assert result["status"] == "killed", result
+    assert result["reason"].startswith("rank 1 died (SIGKILL) at step 2 of 4"), result["reason"]
+    assert elapsed < TIMEOUT_S / 2
+    assert any(e.get("stage") == "step" and e.get("step") == 2 for e in events)  # progress arrived live
+    assert result["ranks"] == [] and result["stderr_tail"]
+    assert_nothing_left(launched)
+
+
+def test_rank_exiting_before_the_group_forms_fails_fast(launched):
+    started = time.monotonic()
+    result = run_distributed(request(fault="import-error"), Strategy.DDP, 2, TIMEOUT_S)
+    elapsed = time.monotonic() - started
+    assert result["status"] == "failed", result
+    assert result["reason"].startswith("rank 1 exited with status 3 before the process group formed"), result["reason"]
+    assert elapsed < TIMEOUT_S / 3  # torchrun notices the exit; nobody waits for the group timeout
+    assert_nothing_left(launched)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"strategy": Strategy.ZERO2}, "DeepSpeed ZeRO is not a dependency"),
+    ({"strategy": Strategy.ZERO3}, "fsdp-full-shard (like ZeRO-3)"),
+    ({"mode": Mode.SIMULATE}, "distributed runs measure real tensors"),
+    ({"num_processes": 1}, "without --num-processes"),
+    ({"mode": Mode.CUDA, "num_processes": 64}, "64 processes need 64 GPUs; this machine has"),
+    ({"num_processes": 4 * (os.cpu_count() or 1) + 1}, "too many"),
+])
+def test_refusals_start_nothing(monkeypatch, launched, kwargs, message):
+    def no_process(*args, **kw):
+        raise AssertionError("a refused run started a process")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", no_process)
+    strategy = kwargs.get("strategy", Strategy.DDP)
+    started = time.monotonic()
+    result = run_distributed(request(mode=kwargs.get("mode", Mode.CPU)), strategy, kwargs.get("num_processes", 2),
+                             TIMEOUT_S)
+    assert time.monotonic() - started < 5.0
+    assert result["status"] == "refused"
+    assert message in result["reason"] and "\n" not in result["reason"]
+    assert launched == []  # not even a temp dir
+
+
+def test_auto_mode_resolves_to_cpu_without_enough_gpus():
+    plan = launch.plan_distributed(request(mode=Mode.AUTO), Strategy.DDP, 2, cuda_devices=1, check_ram=False)
+    assert plan.request.mode is Mode.CPU and plan.request.scenario["device"] == "cpu" and plan.refusal is None
+    plan = launch.plan_distributed(request(mode=Mode.AUTO), Strategy.DDP, 2, cuda_devices=2)
+    assert plan.request.mode is Mode.CUDA and plan.request.scenario["device"] == "cuda" and plan.refusal is None
+
+
+def test_cli_two_rank_ddp_run_has_equal_replicas_and_is_recorded(tmp_path):
+    data_dir = tmp_path / "data"
+    env = {**os.environ, "PLANNER_DATA_DIR": str(data_dir)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "runners", "verify", "--config", str(CONFIGS / "tiny-llama.json"), "--task",
+         "causal-lm", "--batch-size", "2", "--seq-len", "16", "--num-processes", "2", "--strategy", "ddp",
+         "--mode", "cpu", "--steps", "3", "--json"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["status"] == "ok" and result["reason"] is None
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    assert result["replicas_equal"] is True
+    assert result["ranks"][0]["parameter_digest"] == result["ranks"][1]["parameter_digest"]
+    assert result["max_rank_peak_bytes"] == max(r["measured"]["peak_bytes"] for r in result["ranks"])
+    # DDP all-reduces every gradient once per step, in buckets: the steady step's payload is
+    # the buckets' total, exactly.
+    buckets = result["comm_per_step"]["ddp_gradient_buckets"]
+    assert buckets["bytes"] == sum(result["ranks"][0]["measured"]["ddp_bucket_bytes"])
+    assert buckets["calls"] >= 1
+    assert "step 3 of 3" in proc.stderr  # the progress bar
+    record = RunHistory(data_dir / "runs.sqlite3").get(result["run_id"])
+    assert record.status.value == "ok" and record.mode.value == "cpu"
+    assert record.scenario["strategy"] == "ddp" and record.scenario["num_devices"] == 2
+    assert record.scenario["local_sgd_steps"] is None and record.estimate == {}
+    assert record.measurement["replicas_equal"] is True and "stderr_tail" not in record.measurement
