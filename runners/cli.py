@@ -75,6 +75,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="ranks under torchrun (default 1: one process, estimated vs measured)")
     verify.add_argument("--strategy", default=None, choices=[s.value for s in MULTI_DEVICE_STRATEGIES],
                         help="with --num-processes 2 or more (default ddp)")
+    verify.add_argument("--write-job", default=None, metavar="JOB.json",
+                        help="with --num-processes: write the rank worker's job file and stop (to launch it yourself, "
+                             "e.g. across machines with accelerate launch)")
     verify.add_argument("--inject-fault", choices=INJECTABLE_FAULTS, default=None, help=argparse.SUPPRESS)
     history = commands.add_parser("history", help="list recent runs")
     history.add_argument("--limit", type=int, default=20)
@@ -195,9 +198,18 @@ def _run_verify(args: argparse.Namespace) -> int:
 # --- distributed runs (runners.launch) ----------------------------------------------------
 
 def _distributed_estimate_json(request: VerifyRequest, strategy: Strategy, num_processes: int) -> dict:
-    """The planner's estimate for one rank of this multi-device run, stored with the run in
-    the history. The multi-device estimate is not wired in yet: an empty dict, not a guess."""
-    return {}
+    """The planner's estimate for one rank of this multi-device run (single-device keys plus
+    per_device_peak_bytes, comm_bytes_per_step, ...), stored with the run in the history."""
+    from planner.loading import model_shape_for_config
+    from planner.parallel import parallel_estimate
+    from planner.strategy import ParallelPlan
+
+    scenario = request.parsed_scenario()
+    shape = model_shape_for_config(request.config, scenario.task, scenario.num_labels, request.model_name)
+    plan = ParallelPlan(num_processes, strategy, request.local_sgd_steps)
+    result = parallel_estimate(shape, scenario, plan)
+    return {**result.base.to_json(), **result.to_json(),
+            "comm_bytes_over_run": result.comm_bytes_over_run(request.steps)}
 
 
 def _distributed_scenario_record(request: VerifyRequest, requested: VerifyRequest, strategy: Strategy,
@@ -243,6 +255,11 @@ def format_distributed_result(result: dict, model_name: str, steps: int) -> str:
         lines.append(f"{rank['rank']:<6}{_display_bytes(measured.get('peak_bytes')):<40}"
                      f"{measured.get('peak_phase') or 'n/a':<16}{equal:<10}")
     lines.append(f"Largest rank peak: {_display_bytes(result['max_rank_peak_bytes'])}.")
+    estimated = result.get("estimated") or {}
+    if estimated.get("per_device_peak_bytes"):
+        error = 100 * (estimated["per_device_peak_bytes"] - result["max_rank_peak_bytes"]) / result["max_rank_peak_bytes"]
+        lines.append(f"Planner's per-device peak: {_display_bytes(estimated['per_device_peak_bytes'])} ({error:+.2f}%); "
+                     f"traffic {estimated['comm_bytes_per_step']:,.0f} bytes per optimizer step.")
     lines += ["", f"Collectives per step (rank 0, mean of steps 2 to {steps}; step 1 includes set-up):"]
     for kind, tally in (result.get("comm_per_step") or {}).items():
         lines.append(f"  {kind:<24}{tally['calls']:>8.2f} calls  {_display_bytes(tally['bytes'])}")
@@ -256,15 +273,20 @@ def format_distributed_result(result: dict, model_name: str, steps: int) -> str:
 
 def _run_distributed_verify(args: argparse.Namespace, request: VerifyRequest) -> int:
     from runners.history import RunHistory, RunStatus
-    from runners.launch import plan_distributed, run_distributed
+    from runners.launch import plan_distributed, run_distributed, write_job
 
     strategy = parse_strategy(args.strategy or Strategy.DDP.value)
+    if args.write_job:
+        path = write_job(request, strategy, Path(args.write_job))
+        print(f"wrote {path}: start it on every machine with `accelerate launch -m runners.rank_worker {path} OUT_DIR` "
+              f"or `torchrun --nproc_per_node {args.num_processes} -m runners.rank_worker {path} OUT_DIR`")
+        return 0
     plan = plan_distributed(request, strategy, args.num_processes)  # PlannerInputError: bad input, exit 2
     history = RunHistory()
+    estimated = _distributed_estimate_json(plan.request, strategy, args.num_processes)
     run_id = history.start_run(
         request.model_name, plan.request.mode.value,
-        _distributed_scenario_record(plan.request, request, strategy, args.num_processes),
-        _distributed_estimate_json(plan.request, strategy, args.num_processes))
+        _distributed_scenario_record(plan.request, request, strategy, args.num_processes), estimated)
     bar = ProgressBar()
     try:
         result = run_distributed(request, strategy, args.num_processes, args.timeout, on_progress=bar)
@@ -275,6 +297,7 @@ def _run_distributed_verify(args: argparse.Namespace, request: VerifyRequest) ->
     finally:
         bar.close()
     result["run_id"] = run_id
+    result["estimated"] = estimated
     environment = result["ranks"][0].get("environment") if result["ranks"] else None
     try:
         history.finish_run(run_id, result["status"], measurement=_distributed_measurement_record(result),

@@ -349,10 +349,16 @@ def run_distributed(request: VerifyRequest, strategy: Strategy, num_processes: i
     workdir = Path(tempfile.mkdtemp(prefix="planner-launch-"))
     job, out = workdir / "job.json", workdir / "out"
     try:
-        job.write_text(json.dumps({"request": plan.request.to_json(), "strategy": strategy.value}))
+        write_job(plan.request, strategy, job)
         return _launch(plan, job, out, started, deadline, timeout_s, on_progress, cancel)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def write_job(request: VerifyRequest, strategy: Strategy, path: Path) -> Path:
+    """The rank worker's job file: the request and the strategy, as runners.rank_worker reads them."""
+    path.write_text(json.dumps({"request": request.to_json(), "strategy": strategy.value}))
+    return path
 
 
 def _launch(plan: DistributedPlan, job: Path, out: Path, started: float, deadline: float, timeout_s: float,

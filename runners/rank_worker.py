@@ -81,7 +81,8 @@ def parameter_digest(model: torch.nn.Module) -> str:
 
 
 def _ddp_bucket_bytes(wrapped) -> list[int] | None:
-    """The sizes of DDP's gradient buckets, as its reducer reports them (bytes)."""
+    """DDP's gradient buckets as its reducer logged them when it wrapped the model (bytes):
+    the same total as the buckets it rebuilds after the first step, not their number."""
     if not isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
         return None
     sizes = wrapped._get_ddp_logging_data().get("bucket_sizes", "")
