@@ -36,8 +36,8 @@ What each strategy holds, per rank (P parameters, G gradients, S optimizer state
 
 Known limitations: FSDP's transient buffers (the all-gather output beside the unsharded
 parameters, the reduce-scatter input beside the unsharded gradients) are modelled at
-their largest unit and the activations present then, a simplification measured to within
-a few percent on two-rank CPU runs (benchmarks/results/distributed_memory.md); CUDA
+their largest unit and the activations present then, a simplification that came out 0%
+to 5.3% over (never under) on six two-rank CPU runs (benchmarks/results/distributed_memory.md); CUDA
 stream-ordered frees and NCCL's own buffers are not modelled; mixed precision under FSDP
 is taken to gather fp32 parameters with autocast's 16-bit weight copies counted as on one
 device (an upper bound: a 16-bit MixedPrecisionPolicy gathers half the bytes and makes

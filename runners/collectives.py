@@ -13,9 +13,12 @@ Payload bytes are what the rank hands to the collective (the reduced tensor for 
 all-reduce, the gathered output for an all-gather, the full input for a reduce-scatter,
 the broadcast tensors), not the bytes a ring algorithm puts on the wire.
 
-Known limitation: collectives issued from C++ without going through the Python module
-(DDP's start-up parameter broadcast in the constructor) happen before counting starts
-and are not per-step traffic.
+Counting starts before `accelerator.prepare`, so the first step's tally also holds the
+set-up traffic (DDP's start-up broadcast of parameters and buffers); steady-state figures
+use the later steps.
+
+Known limitation: a collective issued from C++ without a Python call or a DDP hook (NCCL
+calls inside a fused kernel, DeepSpeed's own process groups) is not seen.
 """
 
 from __future__ import annotations
