@@ -36,6 +36,10 @@ from runners.collectives import DDP_BUCKETS, CollectiveCounter
 from runners.request import Mode, VerifyRequest
 
 VERIFIED_STRATEGIES = (Strategy.DDP, Strategy.FSDP_FULL_SHARD, Strategy.FSDP_SHARD_GRAD_OP)
+SINGLE_PROCESS_ERROR = ("runners.rank_worker: RANK and WORLD_SIZE are not set, so this is a single process: "
+                        "`accelerate launch --cpu --num_processes N` starts only one; use "
+                        "`accelerate launch --multi_gpu --num_processes N` (on CPU too, over gloo) or "
+                        "`torchrun --nproc_per_node N`")
 PROCESS_GROUP_TIMEOUT_S = 120  # a rank that never joins fails the others' init instead of hanging them
 
 
@@ -43,8 +47,7 @@ def _rank_env() -> tuple[int, int, int]:
     try:
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
     except KeyError:
-        raise SystemExit("runners.rank_worker must be started by torchrun or accelerate launch "
-                         "(RANK and WORLD_SIZE are not set)") from None
+        raise SystemExit(SINGLE_PROCESS_ERROR) from None
 
 
 def build_accelerator(scenario, strategy: Strategy, cpu: bool):
@@ -193,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2:
         print("usage: torchrun --nproc_per_node N -m runners.rank_worker JOB.json OUT_DIR", file=sys.stderr)
         return 2
+    _rank_env()  # a lone process stops here, before it writes anything
     job = json.loads(Path(argv[0]).read_text())
     out_dir = Path(argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -129,3 +129,32 @@ def test_cli_two_rank_ddp_run_has_equal_replicas_and_is_recorded(tmp_path):
     assert record.scenario["strategy"] == "ddp" and record.scenario["num_devices"] == 2
     assert record.scenario["local_sgd_steps"] is None and record.estimate == {}
     assert record.measurement["replicas_equal"] is True and "stderr_tail" not in record.measurement
+
+
+def _accelerate_launch(tmp_path: Path, *launch_flags: str) -> tuple[subprocess.CompletedProcess, Path]:
+    from runners.launch import write_job
+
+    job = write_job(request(steps=3), Strategy.DDP, tmp_path / "job.json")
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", *launch_flags, "-m",
+                           "runners.rank_worker", str(job), str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return done, out
+
+
+def test_accelerate_launch_multi_gpu_runs_two_gloo_ranks_on_cpu(tmp_path):
+    done, out = _accelerate_launch(tmp_path, "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                                   "--mixed_precision", "no", "--dynamo_backend", "no")
+    assert done.returncode == 0, done.stderr[-2000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world_size"] for r in ranks] == [2, 2] and {r["backend"] for r in ranks} == {"gloo"}
+    assert all(r["replicas_equal"] for r in ranks)
+
+
+def test_accelerate_launch_cpu_flag_runs_one_process_and_says_so(tmp_path):
+    # DESIGN, Known facts: `accelerate launch --cpu --num_processes 2` silently runs one process.
+    done, out = _accelerate_launch(tmp_path, "--cpu", "--num_processes", "2", "--num_machines", "1",
+                                   "--mixed_precision", "no", "--dynamo_backend", "no")
+    assert done.returncode != 0 and not out.exists()
+    assert "accelerate launch --multi_gpu --num_processes N" in done.stderr
