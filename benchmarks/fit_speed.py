@@ -99,7 +99,7 @@ def main() -> None:
               "| GPU | scenario | estimated peak (B) | simulated peak (B) | difference | capacity (B) | verdict | "
               "simulation (s) |", "|---|---|---:|---:|---:|---:|---|---:|"]
     a10 = GPUS["a10"]
-    peak, plan = smallest_plan(shape, base, SEQ)
+    peak, plan, _ = smallest_plan(shape, base, SEQ)
     simulated, sim_s = simulate(plan)
     lines.append(f"| {a10.label} | smallest plan: {describe(plan)} | {peak:,} | {simulated:,} | "
                  f"{simulated / peak - 1:+.3%} | {a10.capacity_bytes:,} | "

@@ -95,6 +95,11 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", required=True, help="FILE.html, FILE.md, FILE.csv or FILE.json")
     report.add_argument("--gpu", help="GPU preset name or capacity in GiB, for the fits / does not fit verdict")
     report.add_argument("--gpu-count", default="1", help="number of GPUs")
+    report.add_argument("--run-steps", default=None,
+                        help="optimizer steps the Multiple GPUs section's local SGD comparison counts over "
+                             "(default 1000; with --gpu-count above 1)")
+    report.add_argument("--local-sgd-steps", default=None,
+                        help="a local SGD period K to add to the comparison's K = 1, 2, 4, 8, 16, 32")
     fits = commands.add_parser("fit", help="rank the technique combinations that fit a GPU (planner.fit)")
     add_fit_flags(fits)
     listing = commands.add_parser("catalog", help="list the bundled models")
@@ -260,24 +265,26 @@ def fit_table(shape, base, result: FitResult) -> str:
     t = result.target
     wanted = (f"effective batch {t.effective_batch}" if t.effective_batch is not None
               else f"batch {t.batch_size}" if t.batch_size is not None else "the largest batch")
-    strategy = "single GPU" if result.num_devices == 1 else "ddp"
+    strategy = "single GPU" if result.num_devices == 1 else "DDP, ZeRO-1/2 and FSDP searched"
     lines = [f"{shape.name} ({shape.num_parameters:,} parameters), {base.task.value}, {t.seq_len} tokens, {wanted}",
              f"{result.num_devices} x {format_bytes(result.capacity_bytes)} ({strategy}); "
              f"{result.combinations} combinations tried, "
              f"{len(result.options)} fit; ranked by {result.ranked_by}", ""]
     if not result.options:
-        peak, plan = smallest_plan(shape, base, t.seq_len)
-        lines.append(f"Nothing fits. The smallest plan ({plan.optimizer.value}, {plan.precision.value}, checkpointing "
-                     f"{'on' if plan.checkpointing is Checkpointing.EVERY_LAYER else 'off'}, batch 1) needs "
-                     f"{format_bytes(peak)} per GPU: a larger GPU, more GPUs with sharding, or LoRA / quantised weights.")
+        peak, plan, smallest_strategy = smallest_plan(shape, base, t.seq_len, result.num_devices)
+        sharded = "" if result.num_devices == 1 else f"{smallest_strategy.value}, "
+        more = "more GPUs with sharding" if result.num_devices == 1 else "more GPUs"
+        lines.append(f"Nothing fits. The smallest plan ({sharded}{plan.optimizer.value}, {plan.precision.value}, "
+                     f"checkpointing {'on' if plan.checkpointing is Checkpointing.EVERY_LAYER else 'off'}, batch 1) "
+                     f"needs {format_bytes(peak)} per GPU: a larger GPU, {more}, or LoRA / quantised weights.")
     else:
-        header = (f"{'#':>3}  {'optimizer':<13}{'precision':<11}{'ckpt':<5}{'accum':>6}{'micro':>7}{'max micro':>10}"
-                  f"{'max seq':>9}{'peak':>13}{'step (s)':>10}{'tokens/s':>11}")
+        header = (f"{'#':>3}  {'strategy':<20}{'optimizer':<13}{'precision':<11}{'ckpt':<5}{'accum':>6}{'micro':>7}"
+                  f"{'max micro':>10}{'max seq':>9}{'peak':>13}{'step (s)':>10}{'tokens/s':>11}")
         lines.append(header)
         for rank, option in enumerate(result.options, 1):
             j = option.to_json()
             max_seq = "n/a" if j["max_seq_len"] is None else f"{j['max_seq_len']:,}"
-            lines.append(f"{rank:>3}  {j['optimizer']:<13}{j['precision']:<11}"
+            lines.append(f"{rank:>3}  {j['strategy']:<20}{j['optimizer']:<13}{j['precision']:<11}"
                          f"{'on' if j['gradient_checkpointing'] else 'off':<5}{j['grad_accum']:>6}{j['batch_size']:>7}"
                          f"{j['max_batch_size']:>10}{max_seq:>9}{format_bytes(j['peak_bytes']):>13}"
                          f"{j['step_time_s']:>10.3f}{j['tokens_per_s']:>11,.0f}")

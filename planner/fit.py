@@ -124,9 +124,13 @@ def fit_limits(shape: ModelShape, scenario: Scenario, capacity_bytes: int) -> Fi
 SEARCH_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.ADAMW8BIT, Optimizer.HF_ADAFACTOR, Optimizer.SGD)
 SEARCH_PRECISIONS = (Precision.FP32, Precision.BF16_MIXED, Precision.BF16)
 SEARCH_CHECKPOINTING = (Checkpointing.NONE, Checkpointing.EVERY_LAYER)
-SHARDING_NOTE = ("multi-GPU plans here are DDP (each GPU holds a full replica plus DDP's gradient buckets); "
-                 "for sharded strategies (ZeRO, FSDP) see `planner estimate --num-devices N --strategy ...` "
-                 "and the Multiple GPUs page")
+# With several GPUs: data parallel, and the sharded strategies that change what fits.
+# ZeRO-3 is left out: the planner models it as FSDP full shard (same memory and traffic).
+SEARCH_STRATEGIES = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.FSDP_SHARD_GRAD_OP,
+                     Strategy.FSDP_FULL_SHARD)
+SHARDING_NOTE = ("several GPUs: DDP (a full replica plus DDP's gradient buckets per GPU), DeepSpeed ZeRO-1/2 "
+                 "and FSDP (shard grad op, full shard) are searched; ZeRO-3 holds what FSDP full shard holds. "
+                 "ZeRO is estimated only: `runners verify --num-processes N` measures DDP and FSDP")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,35 +235,37 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
     else:
         per_device = target.batch_size  # None: as large as fits
         accumulations = [1]
-    strategy = Strategy.SINGLE if num_devices == 1 else Strategy.DDP
-    parallel = ParallelPlan(num_devices, strategy)
+    strategies = (Strategy.SINGLE,) if num_devices == 1 else SEARCH_STRATEGIES
     base = dataclasses.replace(base, seq_len=target.seq_len, batch_size=1, grad_accum_steps=1)
 
     # The peak depends on accumulation only through "is there more than one micro-batch"
     # (gradients live across them), so one search serves K = 2, 4, 8, ...
     largest: dict[tuple, int | None] = {}
     options, combinations = [], 0
-    for optimizer in SEARCH_OPTIMIZERS:
-        for precision in SEARCH_PRECISIONS:
-            for checkpointing in SEARCH_CHECKPOINTING:
-                for k in accumulations:
-                    combinations += 1
-                    combo = dataclasses.replace(base, optimizer=optimizer, precision=precision,
-                                                checkpointing=checkpointing, grad_accum_steps=min(k, 2))
-                    key = (optimizer, precision, checkpointing, min(k, 2))
-                    if key not in largest:
-                        largest[key] = max_batch_size(shape, combo, capacity_bytes, plan=parallel)
-                    best = largest[key]
-                    micro = per_device // k if per_device is not None else best
-                    if best is None or micro > best:
-                        continue
-                    plan = dataclasses.replace(combo, batch_size=micro, grad_accum_steps=k)
-                    result = parallel_estimate(shape, plan, parallel)
-                    seq = (max_seq_len(shape, plan, capacity_bytes, known_fit=plan.seq_len, plan=parallel)
-                           if with_max_seq_len else None)
-                    options.append(FitOption(plan, strategy, num_devices, best, seq, result.per_device_peak_bytes,
-                                             result.peak.phase.value,
-                                             step_time(shape, plan, gpu, num_devices, utilisation)))
+    for strategy in strategies:
+        parallel = ParallelPlan(num_devices, strategy)
+        for optimizer in SEARCH_OPTIMIZERS:
+            for precision in SEARCH_PRECISIONS:
+                for checkpointing in SEARCH_CHECKPOINTING:
+                    for k in accumulations:
+                        combinations += 1
+                        combo = dataclasses.replace(base, optimizer=optimizer, precision=precision,
+                                                    checkpointing=checkpointing, grad_accum_steps=min(k, 2))
+                        key = (strategy, optimizer, precision, checkpointing, min(k, 2))
+                        if key not in largest:
+                            largest[key] = max_batch_size(shape, combo, capacity_bytes, plan=parallel)
+                        best = largest[key]
+                        micro = per_device // k if per_device is not None else best
+                        if best is None or micro > best:
+                            continue
+                        plan = dataclasses.replace(combo, batch_size=micro, grad_accum_steps=k)
+                        result = parallel_estimate(shape, plan, parallel)
+                        seq = (max_seq_len(shape, plan, capacity_bytes, known_fit=plan.seq_len, plan=parallel)
+                               if with_max_seq_len else None)
+                        timing = step_time(shape, plan, gpu, num_devices, utilisation,
+                                           result if parallel.distributed else None)
+                        options.append(FitOption(plan, strategy, num_devices, best, seq,
+                                                 result.per_device_peak_bytes, result.peak.phase.value, timing))
     by_sequence = target.batch_size is None and target.effective_batch is None
     options.sort(key=lambda o: (o.seconds_per_sequence if by_sequence else o.step_time_s, o.peak_bytes))
     notes = [f"step times assume {gpu.label} throughput at {utilisation:.0%} utilisation (planner.step_time)",
@@ -271,10 +277,13 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
                      "time per sequence" if by_sequence else "step time", tuple(notes))
 
 
-def smallest_plan(shape: ModelShape, base: Scenario, seq_len: int) -> tuple[int, Scenario]:
-    """The searched combination with the lowest peak at one sequence per micro-batch: how
-    far from fitting a job is when nothing fits."""
+def smallest_plan(shape: ModelShape, base: Scenario, seq_len: int,
+                  num_devices: int = 1) -> tuple[int, Scenario, Strategy]:
+    """The searched combination (and strategy, with several GPUs) with the lowest per-GPU
+    peak at one sequence per micro-batch: how far from fitting a job is when nothing fits."""
     base = dataclasses.replace(base, seq_len=seq_len, batch_size=1, grad_accum_steps=1)
     plans = [dataclasses.replace(base, optimizer=o, precision=p, checkpointing=c)
              for o in SEARCH_OPTIMIZERS for p in SEARCH_PRECISIONS for c in SEARCH_CHECKPOINTING]
-    return min(((estimate(shape, plan).peak_bytes, plan) for plan in plans), key=lambda pair: pair[0])
+    strategies = (Strategy.SINGLE,) if num_devices == 1 else SEARCH_STRATEGIES
+    return min(((per_device_peak(shape, plan, ParallelPlan(num_devices, strategy)), plan, strategy)
+                for plan in plans for strategy in strategies), key=lambda found: found[0])

@@ -32,9 +32,11 @@ Pieces, per GPU:
     Adafactor:   param r+w, grad read three times (squared, row/col means, update),
                  an update temporary written and read (factored state is tiny) = 2p + 3p + 2p = 7p
     SGD (momentum): param r+w, grad r, momentum r+w             = 5p
-- Several GPUs (DDP): one ring all-reduce of the gradients per optimizer step,
-  2·(n−1)/n × gradient bytes over the per-direction link bandwidth (Patarasuk & Yuan
-  2009, bandwidth-optimal all-reduce), counted as not overlapped with backward.
+- Several GPUs: the plan's wire bytes per optimizer step (planner.parallel: for DDP one
+  ring all-reduce of the gradients, 2·(n−1)/n × gradient bytes; for ZeRO and FSDP the
+  reduce-scatters and all-gathers, (n−1)/n × payload each; Patarasuk & Yuan 2009) over
+  the per-direction link bandwidth, counted as not overlapped with compute. A sharded
+  optimizer state is stepped 1/n per GPU.
 
 Known limitations: one utilisation for every kernel; no causal-attention discount, no
 FlashAttention vs math-path difference, no dropout/normalisation/elementwise time (memory
@@ -52,6 +54,7 @@ from dataclasses import dataclass
 from planner.errors import PlannerInputError
 from planner.gpus import GpuSpec
 from planner.model_shape import ModelShape
+from planner.parallel import ParallelEstimate
 from planner.scenario import Checkpointing, Optimizer, Precision, Scenario, Task
 
 DEFAULT_UTILISATION = 0.4  # MFU of a large micro-batch; user-adjustable
@@ -102,8 +105,10 @@ class StepTime:
 
 
 def step_time(shape: ModelShape, scenario: Scenario, gpu: GpuSpec, num_devices: int = 1,
-              utilisation: float = DEFAULT_UTILISATION) -> StepTime:
-    """Time of one optimizer step of `scenario` (micro-batch, accumulation, per GPU) on `gpu`."""
+              utilisation: float = DEFAULT_UTILISATION, parallel: ParallelEstimate | None = None) -> StepTime:
+    """Time of one optimizer step of `scenario` (micro-batch, accumulation, per GPU) on `gpu`;
+    `parallel` (the plan's multi-device estimate) gives the traffic and the sharding, DDP's
+    gradient all-reduce when it is not given."""
     if not 0 < utilisation <= 1:
         raise PlannerInputError(f"utilisation must be in (0, 1], got {utilisation!r}")
     if num_devices < 1:
@@ -114,10 +119,14 @@ def step_time(shape: ModelShape, scenario: Scenario, gpu: GpuSpec, num_devices: 
     rate = peak * utilisation * small_batch_factor(scenario.tokens_per_micro_batch)
     compute_s = scenario.grad_accum_steps * micro_flops / rate
     elements = shape.num_parameters
+    if parallel is not None and parallel.plan.strategy.shards_optimizer_state:
+        elements = -(-elements // num_devices)
     optimizer_s = elements * optimizer_bytes_per_element(scenario.optimizer, scenario.precision) / (
         gpu.hbm_bytes_per_s * HBM_EFFICIENCY)
     communication_s = 0.0
-    if num_devices > 1:
+    if parallel is not None:
+        communication_s = parallel.comm_wire_bytes_per_step / gpu.link_bytes_per_s
+    elif num_devices > 1:
         grad_bytes = elements * (2 if scenario.precision is Precision.BF16 else 4)
         communication_s = 2 * (num_devices - 1) / num_devices * grad_bytes / gpu.link_bytes_per_s
     return StepTime(compute_s, optimizer_s, communication_s, scenario.grad_accum_steps * micro_flops)

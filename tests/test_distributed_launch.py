@@ -127,7 +127,12 @@ def test_cli_two_rank_ddp_run_has_equal_replicas_and_is_recorded(tmp_path):
     record = RunHistory(data_dir / "runs.sqlite3").get(result["run_id"])
     assert record.status.value == "ok" and record.mode.value == "cpu"
     assert record.scenario["strategy"] == "ddp" and record.scenario["num_devices"] == 2
-    assert record.scenario["local_sgd_steps"] is None and record.estimate == {}
+    assert record.scenario["local_sgd_steps"] is None
+    # The planner's estimate for one rank is stored beside the measurement.
+    assert record.estimate["strategy"] == "ddp" and record.estimate["num_devices"] == 2
+    assert record.estimate["comm_bytes_per_step"] == buckets["bytes"] + result["comm_per_step"]["broadcast"]["bytes"]
+    assert abs(record.estimate["per_device_peak_bytes"] - result["max_rank_peak_bytes"]) <= 0.01 * result[
+        "max_rank_peak_bytes"]
     assert record.measurement["replicas_equal"] is True and "stderr_tail" not in record.measurement
 
 

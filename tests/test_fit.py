@@ -14,7 +14,9 @@ from conftest import tiny_config
 from planner.cli import main
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
-from planner.fit import FIT_ERROR_MARGIN, SHARDING_NOTE, FitTarget, Strategy, find_fits
+from planner.fit import FIT_ERROR_MARGIN, SEARCH_STRATEGIES, SHARDING_NOTE, FitTarget, find_fits
+from planner.parallel import parallel_estimate
+from planner.strategy import ParallelPlan, Strategy
 from planner.gpus import GPUS, nearest_gpu
 from planner.loading import load_model_shape, model_shape_for_config
 from planner.scenario import Checkpointing, Optimizer, Precision, Task, scenario_from_values
@@ -86,10 +88,14 @@ def test_batch_target_and_largest_batch_modes(gpt2):
     assert find_fits(gpt2, base(), 100 * 2**20, FitTarget(256), A10).options == ()  # nothing fits 100 MiB
 
 
-def test_ddp_and_bad_targets(gpt2):
+def test_several_gpus_and_bad_targets(gpt2):
     result = find_fits(gpt2, base(), 8 * GIB, FitTarget(256, effective_batch=32), A10, num_devices=4)
-    assert all(o.strategy is Strategy.DDP and o.effective_batch == 32 and o.step.communication_s > 0
+    assert all(o.strategy in SEARCH_STRATEGIES and o.effective_batch == 32 and o.step.communication_s > 0
                for o in result.options)
+    assert {o.strategy for o in result.options} == set(SEARCH_STRATEGIES)  # gpt2 fits 8 GiB every way
+    for option in result.options:  # every per-GPU peak is the multi-device planner's
+        assert option.peak_bytes == parallel_estimate(gpt2, option.scenario,
+                                                      ParallelPlan(4, option.strategy)).per_device_peak_bytes
     assert SHARDING_NOTE in result.notes
     with pytest.raises(PlannerInputError, match="divisible"):
         find_fits(gpt2, base(), 8 * GIB, FitTarget(256, effective_batch=30), A10, num_devices=4)
@@ -121,8 +127,8 @@ def test_cli_fit_json_and_errors(capsys):
             "peak_bytes", "step_time_s"} <= set(rows[0])
     assert main(["fit", "--config", "gpt2", "--gpu", "a10", "--num-devices", "2", "--seq-len", "128"]) == 0
     out = capsys.readouterr().out
-    assert "ddp" in out or "Nothing fits" in out
-    assert "sharded strategies" in out
+    assert "ddp" in out and "fsdp-full-shard" in out  # the strategy column: every searched strategy fits
+    assert SHARDING_NOTE in " ".join(out.split())
     assert main(["fit", "--config", "gpt2", "--seq-len", "128"]) == 2
     assert main(["fit", "--config", "gpt2", "--gpu", "a10", "--utilisation", "1.5"]) == 2
     assert main(["fit", "--config", "gpt2", "--gpu", "nope"]) == 2
@@ -218,3 +224,18 @@ def test_report_carries_the_fit_finders_best_options(tmp_path):
     assert [row["peak (bytes)"] for row in report["what_fits"]] == [o.peak_bytes for o in expected[:10]]
     markdown = write_report(values, tmp_path / "plan.md").read_text()
     assert "## What fits" in markdown
+
+
+def test_sharding_makes_a_7b_model_fit_where_ddp_cannot():
+    """Llama-2-7B with AdamW on 8 x 24 GiB: a replica's model state alone (fp32 weights and
+    gradients, two fp32 moments: 16 bytes per parameter, 100 GiB) cannot fit one GPU, so no
+    DDP plan with AdamW exists; sharded over 8 GPUs (2 bytes per parameter each) it does."""
+    shape = load_model_shape("llama-2-7b", Task.CAUSAL_LM, 2)
+    scenario = scenario_from_values(task="causal-lm", batch_size=1, seq_len=2048)
+    result = find_fits(shape, scenario, 24 * GIB, FitTarget(2048, batch_size=1), A10, num_devices=8)
+    adamw_mixed = [o for o in result.options if o.scenario.optimizer is Optimizer.ADAMW
+                   and o.scenario.precision is not Precision.BF16]
+    assert 16 * shape.num_parameters > 24 * GIB > 16 * shape.num_parameters / 8
+    assert adamw_mixed and not [o for o in adamw_mixed if o.strategy in (Strategy.DDP, Strategy.ZERO1)]
+    assert {o.strategy for o in adamw_mixed} >= {Strategy.FSDP_FULL_SHARD}
+    assert all(o.peak_bytes <= 24 * GIB for o in result.options)
