@@ -3,6 +3,7 @@
 All user-supplied text (model and file names, run reasons, notes) is escaped with
 html.escape in HTML and has its table-breaking characters escaped in Markdown.
 Raw bytes are kept in every format; formatted sizes (binary units) sit beside them.
+With more than one GPU every format adds a "Multiple GPUs" section (reporting.multi_gpu).
 """
 
 from __future__ import annotations
@@ -38,8 +39,17 @@ from app_pages.verify_results import history_table, scatter_points
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.model_shape import ModelShape
-from planner.scenario import scenario_from_values
+from planner.scenario import as_int, scenario_from_values
 from planner.units import GIB, format_bytes
+from reporting.multi_gpu import (
+    DEFAULT_RUN_STEPS,
+    MultiGpuSection,
+    csv_sections,
+    intro_lines,
+    memory_figure,
+    multi_gpu_section,
+    section_json,
+)
 
 FORMATS = ("html", "md", "csv", "json")
 SCENARIO_KEYS = ("task", "num_labels", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
@@ -60,6 +70,7 @@ class Report:
     runs: pd.DataFrame  # verify_results.history_table of this model's runs
     batch_series: dict
     fits: pd.DataFrame  # the fit finder's best options for this plan's effective batch
+    multi_gpu: MultiGpuSection | None = None  # None with one GPU
 
     @property
     def title(self) -> str:
@@ -67,9 +78,12 @@ class Report:
 
 
 def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes: int, gpu_label: str,
-                 gpu_count: int = 1, records: Iterable = (), config: dict | None = None) -> Report:
+                 gpu_count: int = 1, records: Iterable = (), config: dict | None = None,
+                 run_steps: int = DEFAULT_RUN_STEPS, local_sgd_steps: int | None = None) -> Report:
     """Everything a report shows, computed once. `records`: RunRecords (newest first) whose
-    runs of this model are listed and matched to the techniques."""
+    runs of this model are listed and matched to the techniques. With `gpu_count` > 1 the
+    Multiple GPUs section compares the strategies, and local SGD over `run_steps` optimizer
+    steps (its K values with `local_sgd_steps` added)."""
     values = {k: v for k, v in values.items() if k in SCENARIO_KEYS}
     scenario = scenario_from_values(**values)
     result = estimate(shape, scenario)
@@ -83,6 +97,8 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
         runs=history_table(records),
         batch_series=memory_vs_batch(shape, values, batch_sizes_for_chart(limits.batch_size)),
         fits=_fit_table(shape, scenario, capacity_bytes, gpu_count),
+        multi_gpu=multi_gpu_section(shape, scenario, result, gpu_count, capacity_bytes, records, config,
+                                    run_steps, local_sgd_steps),
     )
 
 
@@ -132,6 +148,8 @@ def to_json(report: Report) -> str:
         "what_fits": json.loads(report.fits.to_json(orient="records")),
         "runs": json.loads(report.runs.to_json(orient="records")),
     }
+    if report.multi_gpu is not None:
+        data["multi_gpu"] = section_json(report.multi_gpu)
     return json.dumps(data, indent=2)
 
 
@@ -188,10 +206,34 @@ def to_markdown(report: Report) -> str:
     parts += ["", "## Live at the peak", "", _md_table(_plan_table(report)),
               "", "## Techniques", "", _md_table(_technique_table(report)),
               "", "## What fits (same effective batch, best first)", "",
-              _md_table(report.fits) if not report.fits.empty else "No technique combination fits this GPU.",
-              "", "## Verification runs", ""]
+              _md_table(report.fits) if not report.fits.empty else "No technique combination fits this GPU.", ""]
+    if report.multi_gpu is not None:
+        parts += _md_multi_gpu(report)
+    parts += ["## Verification runs", ""]
     parts.append(_md_table(report.runs) if not report.runs.empty else "No verification runs recorded for this model.")
     return "\n".join(parts) + "\n"
+
+
+MULTI_GPU_HEADINGS = ("Memory per GPU, by strategy", "Traffic per optimizer step, by strategy",
+                      "DDP against local SGD", "Distributed runs of this model")
+NO_DISTRIBUTED_RUNS = "No distributed runs of this model in the run history."
+
+
+def _multi_gpu_heading(report: Report) -> str:
+    return f"Multiple GPUs ({report.multi_gpu.num_devices} × {report.gpu_label})"
+
+
+def _md_multi_gpu(report: Report) -> list[str]:
+    section = report.multi_gpu
+    intro = intro_lines(section, report.estimate.scenario)
+    tables = (section.memory, section.traffic, section.local_sgd_rows)
+    parts = [f"## {_md_cell(_multi_gpu_heading(report))}", "", *[_md_cell(line) for line in intro[:1]], ""]
+    notes = (intro[1:2], intro[2:3], intro[3:4])
+    for heading, table, note in zip(MULTI_GPU_HEADINGS, tables, notes):
+        parts += [f"### {heading}", "", *[_md_cell(line) for line in note], "", _md_table(table), ""]
+    parts += [f"### {MULTI_GPU_HEADINGS[3]}", "",
+              _md_table(section.measured) if not section.measured.empty else NO_DISTRIBUTED_RUNS, ""]
+    return parts
 
 
 def to_csv(report: Report) -> str:
@@ -199,6 +241,8 @@ def to_csv(report: Report) -> str:
     sections = [_plan_table(report).assign(section="plan"), _technique_table(report).assign(section="techniques")]
     if not report.fits.empty:
         sections.append(report.fits.assign(section="what fits"))
+    if report.multi_gpu is not None:
+        sections += csv_sections(report.multi_gpu)
     if not report.runs.empty:
         sections.append(report.runs.assign(section="runs"))
     # Nullable integers, so bytes stay integers where other sections leave the column empty.
@@ -231,7 +275,7 @@ def to_html(report: Report) -> str:
     for i, figure in enumerate(figures(report)):
         # plotly.js once, inline, in the first chart: the file opens with no network.
         charts.append(figure.to_html(full_html=False, include_plotlyjs=(i == 0), config={"responsive": True}))
-    runs = (report.runs.to_html(index=False, escape=True, na_rep="", border=0, classes="table")
+    runs = (_html_table(report.runs)
             if not report.runs.empty else "<p>No verification runs recorded for this model.</p>")
     body = "\n".join([
         f"<h1>{e(report.title)}</h1>",
@@ -241,11 +285,12 @@ def to_html(report: Report) -> str:
         _plan_table(report).to_html(index=False, escape=True, border=0, classes="table"),
         charts[0], charts[1],
         "<h2>Techniques</h2>",
-        _technique_table(report).to_html(index=False, escape=True, na_rep="", border=0, classes="table"),
+        _html_table(_technique_table(report)),
         charts[2],
         "<h2>What fits (same effective batch, best first)</h2>",
-        (report.fits.to_html(index=False, escape=True, na_rep="", border=0, classes="table")
+        (_html_table(report.fits)
          if not report.fits.empty else "<p>No technique combination fits this GPU.</p>"),
+        *(_html_multi_gpu(report) if report.multi_gpu is not None else []),
         "<h2>Verification runs</h2>", runs, *charts[3:],
     ])
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#1f2937}"
@@ -254,6 +299,32 @@ def to_html(report: Report) -> str:
              ".muted{color:#6b7280}")
     return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>{e(report.title)}</title>"
             f"<style>{style}</style></head><body>\n{body}\n</body></html>\n")
+
+
+def _html_table(table: pd.DataFrame) -> str:
+    # na_rep misses pandas' NA in nullable integer columns: blank those by hand.
+    table = table.assign(**{c: table[c].astype(object).where(table[c].notna(), "")
+                            for c in table.columns if isinstance(table[c].dtype, pd.Int64Dtype)})
+    return table.to_html(index=False, escape=True, na_rep="", border=0, classes="table")
+
+
+def _html_multi_gpu(report: Report) -> list[str]:
+    e = html.escape
+    section = report.multi_gpu
+    intro = intro_lines(section, report.estimate.scenario)
+    # plotly.js is already inline in the first chart of the page.
+    chart = memory_figure(section).to_html(full_html=False, include_plotlyjs=False, config={"responsive": True})
+    measured = (_html_table(section.measured) if not section.measured.empty
+                else f"<p>{e(NO_DISTRIBUTED_RUNS)}</p>")
+    return [
+        f"<h2>{e(_multi_gpu_heading(report))}</h2>", f"<p>{e(intro[0])}</p>",
+        f"<h3>{e(MULTI_GPU_HEADINGS[0])}</h3>", f"<p class='muted'>{e(intro[1])}</p>", _html_table(section.memory),
+        chart,
+        f"<h3>{e(MULTI_GPU_HEADINGS[1])}</h3>", f"<p class='muted'>{e(intro[2])}</p>", _html_table(section.traffic),
+        f"<h3>{e(MULTI_GPU_HEADINGS[2])}</h3>", f"<p class='muted'>{e(intro[3])}</p>",
+        _html_table(section.local_sgd_rows),
+        f"<h3>{e(MULTI_GPU_HEADINGS[3])}</h3>", measured,
+    ]
 
 
 def export_file_name(model_name: str, fmt: str) -> str:
@@ -283,7 +354,8 @@ def render_report(report: Report, fmt: str) -> str:
 def report_for_values(values: Mapping[str, object], base_dir: Path | None = None, records: Iterable = ()) -> Report:
     """A report from the CLI's scenario values (estimate_from_values' keys, plus optional
     `gpu`: a preset name from app_pages.inputs.GPU_PRESETS or a size in GiB, default the
-    first preset; `gpu_count`, default 1; `hub`: allow fetching the config)."""
+    first preset; `gpu_count`, default 1; `hub`: allow fetching the config; `run_steps` and
+    `local_sgd_steps` for the Multiple GPUs section's local SGD comparison)."""
     from app_pages.inputs import GPU_PRESETS
     from planner.loading import load_model_shape
 
@@ -308,9 +380,18 @@ def report_for_values(values: Mapping[str, object], base_dir: Path | None = None
         count = int(count)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise PlannerInputError(f"number of GPUs must be a positive integer, got {count!r}")
+    run_steps = values.get("run_steps")
+    run_steps = DEFAULT_RUN_STEPS if run_steps is None else as_int(run_steps, "run steps")
+    local_sgd = values.get("local_sgd_steps")
+    local_sgd = None if local_sgd is None else as_int(local_sgd, "local SGD steps")
+    if run_steps < 1:
+        raise PlannerInputError(f"run steps (--run-steps) must be a positive integer, got {run_steps!r}")
+    if local_sgd is not None and local_sgd < 1:
+        raise PlannerInputError(f"local SGD steps (--local-sgd-steps) must be a positive integer, got {local_sgd!r}")
     shape = load_model_shape(values["config"], scenario.task, scenario.num_labels, base_dir=base_dir,
                              allow_hub=bool(values.get("hub")))
-    return build_report(shape, scenario_values, capacity, label, count, records)
+    return build_report(shape, scenario_values, capacity, label, count, records, run_steps=run_steps,
+                        local_sgd_steps=local_sgd)
 
 
 def write_report(values: Mapping[str, object], out_path: str | Path) -> Path:
