@@ -1,9 +1,14 @@
 """The Multiple GPUs page: the sidebar's model and micro-batch on N data-parallel GPUs under
 each strategy (DDP, ZeRO 1-3, FSDP2), per-GPU memory and traffic per optimizer step, DDP
-against local SGD, and distributed runs from the history beside their estimates.
+against local SGD, a distributed run queued from here (N ranks under torchrun, followed
+live), and distributed runs from the history beside their estimates.
 
-Layout only: numbers, tables and figures come from app_pages.multi_gpu_figures.
+Layout only: numbers, tables and figures come from app_pages.multi_gpu_figures; refusals
+from runners.launch.plan_distributed; the queue is app_pages.run_queue.
 """
+
+import dataclasses
+import uuid
 
 import streamlit as st
 
@@ -25,11 +30,100 @@ from app_pages.multi_gpu_figures import (
     strategy_estimates,
 )
 from app_pages.page_context import start_page
+from app_pages.run_queue import Distributed, get_queue
+from app_pages.verify_results import plan_request
 from planner.errors import PlannerInputError
-from planner.strategy import MAX_DEVICES
+from planner.strategy import MAX_DEVICES, Strategy
+from planner.units import format_bytes
+from runners.launch import plan_distributed
+from runners.rank_worker import VERIFIED_STRATEGIES
 
 BYTES = st.column_config.NumberColumn(format="localized")
 PERCENT = st.column_config.NumberColumn(format="%.1f%%")
+# Verifiable first; ZeRO stays listed so choosing it says why it cannot be run.
+VERIFY_STRATEGIES = (*VERIFIED_STRATEGIES, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3)
+VERIFY_MODES = ("auto", "cpu", "cuda", "simulate")
+VERIFY_MODE_HELP = ("auto: one GPU per process (NCCL) when this machine has enough GPUs, else CPU processes over "
+                    "gloo. simulate is refused: a distributed run measures real tensors.")
+MAX_VERIFY_STEPS = 64
+
+
+def _session_id() -> str:
+    # The Verify page's key: one session, one list of jobs, whichever page queued them.
+    return st.session_state.setdefault("verify_session_id", uuid.uuid4().hex)
+
+
+def _strategy_label(value: str) -> str:
+    return value if Strategy(value) in VERIFIED_STRATEGIES else f"{value} (not verifiable)"
+
+
+def _verify_controls(context) -> None:
+    strategy_column, processes_column, steps_column, mode_column = st.columns(4)
+    strategy = Strategy(strategy_column.selectbox(
+        "Strategy", [s.value for s in VERIFY_STRATEGIES], format_func=_strategy_label, key="mgpu_verify_strategy"))
+    processes = int(processes_column.number_input("Processes", min_value=2, max_value=MAX_DEVICES, value=2, step=1,
+                                                  key="mgpu_verify_processes"))
+    steps = int(steps_column.number_input("Optimizer steps", min_value=2, max_value=MAX_VERIFY_STEPS, value=4,
+                                          step=1, key="mgpu_verify_steps",
+                                          help="Step 1 builds the optimizer state; the last one is measured."))
+    mode = mode_column.selectbox("Mode", VERIFY_MODES, key="mgpu_verify_mode", help=VERIFY_MODE_HELP)
+    local_sgd = None
+    if strategy is Strategy.DDP and st.toggle("Local SGD", key="mgpu_verify_local_sgd",
+                                              help="DDP without the per-step all-reduce: parameters are averaged "
+                                                   "every K micro-batches."):
+        local_sgd = int(st.number_input("Average every K micro-batches", min_value=1, value=2, step=1,
+                                        key="mgpu_verify_local_sgd_k"))
+    try:
+        request = dataclasses.replace(plan_request(context.config, context.name, context.base_values, mode, steps),
+                                      local_sgd_steps=local_sgd)
+        plan = plan_distributed(request, strategy, processes)
+    except PlannerInputError as error:
+        st.error(str(error), icon=":material/error:")
+        return
+    if plan.refusal is not None:
+        st.error(f"Not verifiable as chosen: {plan.refusal}", icon=":material/block:")
+    else:
+        st.caption(f"Runs the sidebar's scenario on {processes} processes in {plan.request.mode.value} mode (CPU "
+                   "ranks talk over gloo, GPU ranks over NCCL), queued one at a time with the Verify page's runs, "
+                   "and records the run in the history.")
+    if st.button("Verify across processes", key="mgpu_verify_run", type="primary", disabled=plan.refusal is not None):
+        if plan.refusal is None:  # a click sent before the choices changed to a refused plan
+            label = (f"{strategy.value} × {processes}: {context.name} b{context.scenario.batch_size}×"
+                     f"{context.scenario.seq_len}" + (f", local SGD K={local_sgd}" if local_sgd else ""))
+            get_queue().submit(_session_id(), label, request, Distributed(strategy, processes))
+            st.toast(f"Queued {label}.")
+
+
+def _distributed_runs() -> None:
+    views = [v for v in get_queue().jobs(_session_id()) if v.job.distributed is not None]
+    done = sum(v.job.finished for v in views)
+    if done > st.session_state.get("mgpu_seen_finished", done):
+        # A run finished: rerun the whole page so the table of measured runs shows it.
+        st.session_state["mgpu_seen_finished"] = done
+        st.rerun()
+    st.session_state["mgpu_seen_finished"] = done
+    for view in views:
+        job = view.job
+        if job.finished:
+            result = job.result or {}
+            if job.status == "ok":
+                st.success(f"{job.label}: ok, largest rank peak {format_bytes(result.get('max_rank_peak_bytes'))}; "
+                           f"recorded as run {result.get('run_id')}.", icon=":material/check_circle:")
+            else:
+                st.error(f"{job.label}: {job.status}. {job.error or result.get('reason') or ''}",
+                         icon=":material/error:")
+            continue
+        where = "running now" if view.position == 0 else f"waiting, {view.position} ahead in the queue"
+        st.progress(job.fraction, text=f"{job.label}: {where} · {job.stage}")
+        if st.button("Cancel", key=f"mgpu_cancel_{job.id}",
+                     help="Drop it from the queue, or stop it (every rank is killed; the history records it)."):
+            get_queue().cancel(_session_id(), job.id)
+
+
+def _distributed_runs_fragment() -> None:
+    # Poll once a second only while this session has a distributed run waiting or running.
+    active = any(not v.job.finished and v.job.distributed is not None for v in get_queue().jobs(_session_id()))
+    st.fragment(_distributed_runs, run_every=1.0 if active else None)()
 
 
 def render() -> None:
@@ -98,6 +192,12 @@ def render() -> None:
                                 f"payload over {run_steps:,} steps (bytes)": BYTES,
                                 "saving vs DDP per step (%)": PERCENT,
                                 f"saving vs DDP over {run_steps:,} steps (%)": PERCENT})
+
+    st.header("Verify across processes")
+    st.markdown("Run the sidebar's scenario on several processes (DDP or FSDP2 through Accelerate, under torchrun) "
+                "and measure every rank's peak and the collectives it issues; the run joins the table below.")
+    _verify_controls(context)
+    _distributed_runs_fragment()
 
     st.header("Estimated against measured")
     records, problem = recent_runs(status="ok", model=context.name)

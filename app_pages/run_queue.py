@@ -3,8 +3,10 @@
 Each dashboard session submits jobs under its own session id and sees only its own jobs,
 with their position in the one queue (0: running now). One worker thread takes the jobs in
 order and calls runners.verify.verify for each (which runs the measurement in a child
-process and records it in the run history), so two runs never compete for one device.
-Progress events from the child become a fraction, a stage and a log line per change.
+process and records it in the run history), or, for a job submitted with `distributed`,
+runners.distributed_record.verify_distributed (N ranks under torchrun, recorded likewise),
+so two runs never compete for one device. Progress events from the child (rank 0 for a
+distributed run) become a fraction, a stage and a log line per change.
 
 Known limitations: the queue lives in the Streamlit server's process: restarting the
 server drops queued jobs (a run in progress is killed with its child and recorded as such
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from planner.errors import PlannerInputError
+from planner.strategy import Strategy
 from runners.request import VerifyRequest
 
 QUEUED, RUNNING, DONE, CANCELLED = "queued", "running", "done", "cancelled"
@@ -39,6 +42,14 @@ def progress_fraction(event: dict) -> tuple[float, str]:
     return 0.05, str(stage or "working")
 
 
+@dataclass(frozen=True)
+class Distributed:
+    """What makes a job a run on several processes."""
+
+    strategy: Strategy
+    num_processes: int
+
+
 @dataclass
 class Job:
     id: str
@@ -53,6 +64,7 @@ class Job:
     error: str | None = None  # why verify() could not even start
     submitted_at: float = field(default_factory=time.time)
     cancel: threading.Event = field(default_factory=threading.Event)
+    distributed: Distributed | None = None  # None: one process (runners.verify)
 
     @property
     def finished(self) -> bool:
@@ -80,10 +92,13 @@ Runner = Callable[..., dict]
 
 
 class RunQueue:
-    def __init__(self, runner: Runner | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
-        if runner is None:
-            from runners.verify import verify as runner  # torch-free import, but kept off the page's path
+    def __init__(self, runner: Runner | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 distributed_runner: Runner | None = None):
+        """`runner(request, timeout_s, on_progress, history, cancel=)` runs a one-process job;
+        `distributed_runner(request, strategy, num_processes, timeout_s, on_progress, history,
+        cancel=)` a distributed one (each loaded on first use when not given)."""
         self._runner = runner
+        self._distributed_runner = distributed_runner
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
@@ -95,9 +110,11 @@ class RunQueue:
 
     # --- for pages ------------------------------------------------------------------------
 
-    def submit(self, session_id: str, label: str, request: VerifyRequest) -> str:
+    def submit(self, session_id: str, label: str, request: VerifyRequest,
+               distributed: Distributed | None = None) -> str:
         with self._lock:
-            job = Job(id=f"job-{next(self._ids)}", session_id=session_id, label=label, request=request)
+            job = Job(id=f"job-{next(self._ids)}", session_id=session_id, label=label, request=request,
+                      distributed=distributed)
             job.log.append(f"queued: {label}")
             self._jobs[job.id] = job
             self._waiting.append(job)
@@ -163,6 +180,20 @@ class RunQueue:
                 with self._lock:
                     self._running = None
 
+    def _one_process_runner(self) -> Runner:
+        if self._runner is None:
+            from runners.verify import verify  # torch-free import, but kept off the page's path
+
+            self._runner = verify
+        return self._runner
+
+    def _distributed(self) -> Runner:
+        if self._distributed_runner is None:
+            from runners.distributed_record import verify_distributed
+
+            self._distributed_runner = verify_distributed
+        return self._distributed_runner
+
     def _run(self, job: Job) -> None:
         def on_progress(event: dict) -> None:
             fraction, stage = progress_fraction(event)
@@ -172,7 +203,12 @@ class RunQueue:
                 job.fraction, job.stage = max(job.fraction, fraction), stage
 
         try:
-            result = self._runner(job.request, self._timeout_s, on_progress, None, cancel=job.cancel)
+            if job.distributed is None:
+                result = self._one_process_runner()(job.request, self._timeout_s, on_progress, None,
+                                                    cancel=job.cancel)
+            else:
+                result = self._distributed()(job.request, job.distributed.strategy, job.distributed.num_processes,
+                                             self._timeout_s, on_progress, None, cancel=job.cancel)
         except PlannerInputError as error:
             result, error_text = None, str(error)
         except Exception as error:  # the page must keep working whatever a run does

@@ -28,6 +28,11 @@ from planner.config_source import resolve_config
 from planner.errors import PlannerInputError
 from planner.strategy import MULTI_DEVICE_STRATEGIES, Strategy, parse_strategy
 from planner.units import format_bytes
+from runners.distributed_record import (
+    _distributed_estimate_json,
+    _distributed_measurement_record,
+    _distributed_scenario_record,
+)
 from runners.request import INJECTABLE_FAULTS, Engine, Mode, VerifyRequest
 
 EXIT_OK = 0
@@ -196,39 +201,6 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 
 # --- distributed runs (runners.launch) ----------------------------------------------------
-
-def _distributed_estimate_json(request: VerifyRequest, strategy: Strategy, num_processes: int) -> dict:
-    """The planner's estimate for one rank of this multi-device run (single-device keys plus
-    per_device_peak_bytes, comm_bytes_per_step, ...), stored with the run in the history."""
-    from planner.loading import model_shape_for_config
-    from planner.parallel import parallel_estimate
-    from planner.strategy import ParallelPlan
-
-    scenario = request.parsed_scenario()
-    shape = model_shape_for_config(request.config, scenario.task, scenario.num_labels, request.model_name)
-    plan = ParallelPlan(num_processes, strategy, request.local_sgd_steps)
-    result = parallel_estimate(shape, scenario, plan)
-    return {**result.base.to_json(), **result.to_json(),
-            "comm_bytes_over_run": result.comm_bytes_over_run(request.steps)}
-
-
-def _distributed_scenario_record(request: VerifyRequest, requested: VerifyRequest, strategy: Strategy,
-                                 num_processes: int) -> dict:
-    """What the history stores as the run's scenario: enough to run it again."""
-    return {**request.scenario, "engine": request.engine.value, "steps": request.steps,
-            "local_sgd_steps": request.local_sgd_steps, "seed": request.seed, "requested_mode": requested.mode.value,
-            "inject_fault": request.inject_fault, "model_config": request.config, "strategy": strategy.value,
-            "num_devices": num_processes}
-
-
-def _distributed_measurement_record(result: dict) -> dict:
-    """The result without what is bulky or stored elsewhere (stderr tail, each rank's environment)."""
-    record = {k: v for k, v in result.items() if k not in ("stderr_tail", "ranks", "run_id")}
-    record["ranks"] = [{k: v for k, v in rank.items() if k != "environment"} for rank in result["ranks"]]
-    # `history` lists measurement["peak_bytes"]: for N ranks, the largest rank's peak.
-    record["peak_bytes"] = result["max_rank_peak_bytes"]
-    return record
-
 
 def _display_bytes(value: float | int | None) -> str:
     if value is None:
