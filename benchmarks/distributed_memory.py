@@ -36,17 +36,20 @@ MODELS = {  # config, task, micro-batch
     "tiny-gpt2": ("tests/configs/tiny-gpt2.json", "causal-lm", 4, 64),
     "tiny-neox": ("tests/configs/tiny-neox.json", "causal-lm", 2, 32),
 }
-RUNS = [  # strategy, local SGD steps
-    (Strategy.DDP, None),
-    (Strategy.DDP, 2),
-    (Strategy.FSDP_FULL_SHARD, None),
-    (Strategy.FSDP_SHARD_GRAD_OP, None),
+RUNS = [  # strategy, local SGD steps, precision
+    (Strategy.DDP, None, "fp32"),
+    (Strategy.DDP, 2, "fp32"),
+    (Strategy.FSDP_FULL_SHARD, None, "fp32"),
+    (Strategy.FSDP_SHARD_GRAD_OP, None, "fp32"),
+    (Strategy.DDP, None, "bf16-mixed"),
+    (Strategy.FSDP_FULL_SHARD, None, "bf16-mixed"),  # Accelerate's 16-bit MixedPrecisionPolicy
 ]
 STEPS = 4
 
 
-def _measure(name: str, config: str, task: str, batch: int, seq: int, strategy: Strategy, k: int | None) -> dict:
-    values = {"task": task, "batch_size": batch, "seq_len": seq, "optimizer": "adamw", "precision": "fp32"}
+def _measure(name: str, config: str, task: str, batch: int, seq: int, strategy: Strategy, k: int | None,
+             precision: str) -> dict:
+    values = {"task": task, "batch_size": batch, "seq_len": seq, "optimizer": "adamw", "precision": precision}
     request = VerifyRequest(config=json.loads((ROOT / config).read_text()), model_name=name, scenario=values,
                             mode=Mode.CPU, steps=STEPS, local_sgd_steps=k)
     result = run_distributed(request, strategy, NUM_PROCESSES, timeout_s=600)
@@ -68,7 +71,7 @@ def _measure(name: str, config: str, task: str, batch: int, seq: int, strategy: 
         estimated_bytes = planned.comm_bytes_per_step
         measured_bytes = sum(kind["bytes"] for kind in result["comm_per_step"].values())
     return {
-        "model": name, "strategy": strategy.value, "local_sgd_steps": k or "",
+        "model": name, "strategy": strategy.value, "local_sgd_steps": k or "", "precision": precision,
         "batch": f"{batch}x{seq}",
         "estimated_peak_bytes": planned.per_device_peak_bytes,
         "measured_rank0_peak_bytes": peaks[0], "measured_rank1_peak_bytes": peaks[1],
@@ -86,11 +89,11 @@ def _measure(name: str, config: str, task: str, batch: int, seq: int, strategy: 
 def main() -> None:
     rows = []
     for name, (config, task, batch, seq) in MODELS.items():
-        for strategy, k in RUNS:
+        for strategy, k, precision in RUNS:
             started = time.perf_counter()
-            rows.append(_measure(name, config, task, batch, seq, strategy, k))
+            rows.append(_measure(name, config, task, batch, seq, strategy, k, precision))
             row = rows[-1]
-            print(f"{name:<11}{strategy.value + (f' K={k}' if k else ''):<24}est {row['estimated_peak_bytes']:>12,} "
+            print(f"{name:<11}{strategy.value + (f' K={k}' if k else ''):<24}{precision:<12}est {row['estimated_peak_bytes']:>12,} "
                   f"meas {max(row['measured_rank0_peak_bytes'], row['measured_rank1_peak_bytes']):>12,} "
                   f"({row['peak_error_pct']:+.2f}%)  comm {row['comm_basis']} est {row['estimated_comm_bytes']:>12,.0f} "
                   f"meas {row['measured_comm_bytes']:>12,.0f}  {time.perf_counter() - started:.0f} s",
@@ -105,18 +108,18 @@ def main() -> None:
         "# Per-rank memory and traffic on two CPU processes (gloo), estimated against measured",
         "",
         f"`python benchmarks/distributed_memory.py`; torchrun --nproc_per_node {NUM_PROCESSES}, the lessons' "
-        f"Accelerate loop, AdamW, fp32, {STEPS} optimizer steps, the last one measured on every rank "
+        f"Accelerate loop, AdamW, {STEPS} optimizer steps, the last one measured on every rank "
         "(MemTracker). Local SGD: K=2 (averaging every 2 micro-batches, and once more on leaving its context). "
         "Traffic = payload bytes per rank: per optimizer step in steady state, or over the whole run for local SGD.",
         "",
-        "| model | strategy | batch | estimated per rank | measured rank 0 | measured rank 1 | error | "
+        "| model | strategy | precision | batch | estimated per rank | measured rank 0 | measured rank 1 | error | "
         "phase est / meas | traffic | estimated | measured | replicas equal |",
-        "|---|---|---|---:|---:|---:|---:|---|---|---:|---:|---|",
+        "|---|---|---|---|---:|---:|---:|---:|---|---|---:|---:|---|",
     ]
     for r in rows:
         strategy = r["strategy"] + (f" + local SGD K={r['local_sgd_steps']}" if r["local_sgd_steps"] else "")
         lines.append(
-            f"| {r['model']} | {strategy} | {r['batch']} | {format_bytes(r['estimated_peak_bytes'])} | "
+            f"| {r['model']} | {strategy} | {r['precision']} | {r['batch']} | {format_bytes(r['estimated_peak_bytes'])} | "
             f"{format_bytes(r['measured_rank0_peak_bytes'])} | {format_bytes(r['measured_rank1_peak_bytes'])} | "
             f"{r['peak_error_pct']:+.2f}% | {r['estimated_phase']} / {r['measured_phase']} | "
             f"{r['comm_basis']} | {r['estimated_comm_bytes']:,.0f} B | {r['measured_comm_bytes']:,.0f} B | "

@@ -59,13 +59,13 @@ def describe(s) -> str:
     return f"{s.optimizer.value}, {s.precision.value}{ckpt}, batch {s.batch_size} x accumulation {s.grad_accum_steps}"
 
 
-def timed_searches(shape, base, gpu) -> list[tuple[str, int, int, float, float, object]]:
+def timed_searches(shape, base, gpu, num_devices: int = 1) -> list[tuple[str, int, int, float, float, object]]:
     rows = []
     for label, target in TARGETS:
         times = []
         for _ in range(REPEATS):
             started = time.perf_counter()
-            result = find_fits(shape, base, gpu.capacity_bytes, target, gpu)
+            result = find_fits(shape, base, gpu.capacity_bytes, target, gpu, num_devices)
             times.append(time.perf_counter() - started)
         rows.append((label, result.combinations, len(result.options), statistics.median(times), max(times), result))
     return rows
@@ -85,15 +85,20 @@ def main() -> None:
              "| GPU | target | combinations | fit | median (ms) | slowest (ms) | best plan (estimated peak) |",
              "|---|---|---:|---:|---:|---:|---|"]
     summaries = {}
-    for key in ("a10", "a100-40gb"):
+    # Several GPUs: every combination is also tried under DDP, ZeRO-1/2 and both FSDP modes.
+    for key, devices in (("a10", 1), ("a100-40gb", 1), ("a10", 8)):
         gpu = GPUS[key]
-        for label, combos, fit, median, slowest, result in timed_searches(shape, base, gpu):
+        for label, combos, fit, median, slowest, result in timed_searches(shape, base, gpu, devices):
             best = (f"{describe(result.options[0].scenario)} ({format_bytes(result.options[0].peak_bytes)})"
                     if result.options else "nothing fits")
-            lines.append(f"| {gpu.label} | {label} | {combos} | {fit} | {median * 1e3:.1f} | {slowest * 1e3:.1f} "
+            if devices > 1 and result.options:
+                best = f"{result.options[0].strategy.value}, {best}"
+            gpus = gpu.label if devices == 1 else f"{devices} x {gpu.label}"
+            lines.append(f"| {gpus} | {label} | {combos} | {fit} | {median * 1e3:.1f} | {slowest * 1e3:.1f} "
                          f"| {best} |")
             print(lines[-1], flush=True)
-            summaries[(key, label)] = result
+            if devices == 1:
+                summaries[(key, label)] = result
 
     lines += ["", "## Against a simulated run of the same scenario", "",
               "| GPU | scenario | estimated peak (B) | simulated peak (B) | difference | capacity (B) | verdict | "

@@ -37,11 +37,11 @@ What each strategy holds, per rank (P parameters, G gradients, S optimizer state
 Known limitations: FSDP's transient buffers (the all-gather output beside the unsharded
 parameters, the reduce-scatter input beside the unsharded gradients) are modelled at
 their largest unit and the activations present then, a simplification that came out 0%
-to 5.3% over (never under) on six two-rank CPU runs (benchmarks/results/distributed_memory.md); CUDA
+to 6.6% over (never under) on eight two-rank CPU runs (benchmarks/results/distributed_memory.md); CUDA
 stream-ordered frees and NCCL's own buffers are not modelled; mixed precision under FSDP
-is taken to gather fp32 parameters with autocast's 16-bit weight copies counted as on one
-device (an upper bound: a 16-bit MixedPrecisionPolicy gathers half the bytes and makes
-the copies unnecessary).
+follows Accelerate's FSDP2 policy (16-bit gathers, reductions and compute, fp32 shards
+and state); ZeRO-1/2 under mixed precision are modelled as torch AMP (fp32 weights and
+gradients on every device), not DeepSpeed's 16-bit copies.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from planner.estimate import Estimate, Phase, PhaseMemory, estimate
 from planner.model_shape import ModelShape, ParamTensor
 from planner.optimizer_state import (allocation, optimizer_state_bytes, parameter_bytes_per_element,
                                      parameter_tensor_bytes)
-from planner.scenario import Scenario
+from planner.scenario import Precision, Scenario
 from planner.strategy import ParallelPlan, Strategy
 
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
@@ -259,7 +259,6 @@ def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
     sync_bytes = payload
     sync_calls = shape.stats.num_tensors
     buckets: tuple[int, ...] = ()
-    gathered_unit = 0
     collectives: list[Collective] = []
 
     def collective(kind: str, what: str, calls: float, nbytes: float) -> None:
@@ -315,9 +314,23 @@ def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
         collective("all_gather", "parameters", 1, payload)
         return ParallelEstimate(base, plan, phases, placement, (), 0, tuple(collectives), sync_bytes, sync_calls)
 
-    units = _fsdp_units(shape, n, element)
+    # Accelerate's FSDP plugin under mixed precision sets MixedPrecisionPolicy(param_dtype,
+    # reduce_dtype, output_dtype = the 16-bit type): parameters are gathered and gradients
+    # reduced in 16 bits and the model computes as a pure 16-bit one (autocast has nothing
+    # left to cast), while shards, their gradients and the optimizer state stay fp32.
+    mixed = scenario.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED)
+    gathered_element = 2 if mixed else element
+    if mixed:
+        computed = estimate(shape, dataclasses.replace(scenario, precision=Precision.BF16))
+        forward, backward, _ = computed.phases
+        logits_kept = computed.phases[2].activations
+        embedding_activations = computed.profile.embedding_bytes
+    else:
+        logits_kept = step.activations
+        embedding_activations = base.profile.embedding_bytes
+    optimizer_phase = dataclasses.replace(optimizer_phase, activations=logits_kept)
+    units = _fsdp_units(shape, n, gathered_element)
     largest = max(units.resharded + (units.kept,))
-    gathered_unit = largest
     everything = sum(units.resharded) + units.kept
     keeps_all = strategy is Strategy.FSDP_SHARD_GRAD_OP
     kept_after_forward = everything if keeps_all else units.kept
@@ -326,24 +339,29 @@ def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
     # output beside the unsharded parameters it is copied into).
     forward_phase = DevicePhase(Phase.FORWARD, own + kept_after_forward + largest, early_gradients, shard_state,
                                 forward.activations, forward.temporaries, 0)
+    # Backward's own high point (the loss's gradients, everything saved still alive), with
+    # what the forward left gathered.
+    backward_peak = DevicePhase(Phase.BACKWARD, own + kept_after_forward, early_gradients, shard_state,
+                                backward.activations, backward.temporaries, 0)
     # End of backward: the last unit reduced is gathered, its unsharded gradients and the
     # reduce-scatter's input copy alive, every gradient shard made.
     backward_end = DevicePhase(Phase.BACKWARD, own + units.first_reduced,
                                shard_params + (params if accumulation > 1 else 0), shard_state,
-                               base.profile.embedding_bytes + step.activations, 2 * units.first_reduced, 0)
+                               embedding_activations + logits_kept, 2 * units.first_reduced, 0)
     # Start of backward: what the forward left gathered, the last block re-gathered, and
     # the head's unsharded gradients beside their reduce-scatter input (measured on
     # two-rank runs: about two copies of the kept units).
     backward_start = DevicePhase(Phase.BACKWARD, own + kept_after_forward + (0 if keeps_all else units.largest_block),
                                  early_gradients + 2 * units.kept, shard_state, forward.activations,
                                  forward.temporaries, 0)
-    phases = (forward_phase, max(backward_end, backward_start, key=lambda p: p.total), optimizer_phase)
+    phases = (forward_phase, max(backward_peak, backward_end, backward_start, key=lambda p: p.total),
+              optimizer_phase)
     gathers = len(units.resharded) + units.kept_calls
     regathers = 0 if keeps_all else len(units.resharded)
     collective("all_gather", "parameters", accumulation * (gathers + regathers),
                accumulation * (everything + (0 if keeps_all else sum(units.resharded))))
     collective("reduce_scatter", "gradients", gathers, everything)
-    return ParallelEstimate(base, plan, phases, placement, (), gathered_unit, tuple(collectives), sync_bytes,
+    return ParallelEstimate(base, plan, phases, placement, (), largest, tuple(collectives), sync_bytes,
                             sync_calls)
 
 

@@ -329,7 +329,8 @@ def test_report_markdown_and_csv(report):
     csv = render_report(report, "csv")
     assert csv.splitlines()[0].startswith("section,")
     assert f",{report.estimate.peak_bytes}," in csv and ".0," not in csv.splitlines()[1]
-    assert {line.split(",")[0] for line in csv.splitlines()[1:]} == {"plan", "techniques", "what fits", "runs"}
+    assert {line.split(",")[0] for line in csv.splitlines()[1:]} == {
+        "plan", "techniques", "what fits", "runs", "multi-GPU memory", "multi-GPU traffic", "multi-GPU local SGD"}
     with pytest.raises(PlannerInputError, match="format"):
         render_report(report, "pdf")
 
