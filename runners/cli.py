@@ -28,11 +28,6 @@ from planner.config_source import resolve_config
 from planner.errors import PlannerInputError
 from planner.strategy import MULTI_DEVICE_STRATEGIES, Strategy, parse_strategy
 from planner.units import format_bytes
-from runners.distributed_record import (
-    _distributed_estimate_json,
-    _distributed_measurement_record,
-    _distributed_scenario_record,
-)
 from runners.request import INJECTABLE_FAULTS, Engine, Mode, VerifyRequest
 
 EXIT_OK = 0
@@ -244,8 +239,8 @@ def format_distributed_result(result: dict, model_name: str, steps: int) -> str:
 
 
 def _run_distributed_verify(args: argparse.Namespace, request: VerifyRequest) -> int:
-    from runners.history import RunHistory, RunStatus
-    from runners.launch import plan_distributed, run_distributed, write_job
+    from runners.distributed_record import verify_distributed
+    from runners.launch import write_job
 
     strategy = parse_strategy(args.strategy or Strategy.DDP.value)
     if args.write_job:
@@ -253,30 +248,11 @@ def _run_distributed_verify(args: argparse.Namespace, request: VerifyRequest) ->
         print(f"wrote {path}: start it on every machine with `accelerate launch -m runners.rank_worker {path} OUT_DIR` "
               f"or `torchrun --nproc_per_node {args.num_processes} -m runners.rank_worker {path} OUT_DIR`")
         return 0
-    plan = plan_distributed(request, strategy, args.num_processes)  # PlannerInputError: bad input, exit 2
-    history = RunHistory()
-    estimated = _distributed_estimate_json(plan.request, strategy, args.num_processes)
-    run_id = history.start_run(
-        request.model_name, plan.request.mode.value,
-        _distributed_scenario_record(plan.request, request, strategy, args.num_processes), estimated)
     bar = ProgressBar()
-    try:
-        result = run_distributed(request, strategy, args.num_processes, args.timeout, on_progress=bar)
-    except BaseException as error:
-        status = RunStatus.FAILED if isinstance(error, Exception) else RunStatus.KILLED
-        history.finish_run(run_id, status, reason=f"the caller stopped: {type(error).__name__}: {error}"[:500])
-        raise
+    try:  # PlannerInputError from planning: bad input, exit 2
+        result = verify_distributed(request, strategy, args.num_processes, args.timeout, on_progress=bar)
     finally:
         bar.close()
-    result["run_id"] = run_id
-    result["estimated"] = estimated
-    environment = result["ranks"][0].get("environment") if result["ranks"] else None
-    try:
-        history.finish_run(run_id, result["status"], measurement=_distributed_measurement_record(result),
-                           environment=environment, reason=result["reason"])
-    except ValueError as error:  # a measurement the store cannot hold (not JSON, NaN): still record the run
-        result.update(status=RunStatus.FAILED.value, reason=f"the result could not be stored: {error}")
-        history.finish_run(run_id, RunStatus.FAILED, reason=result["reason"][:500])
     if args.json:
         print(json.dumps(result))
     else:
