@@ -29,7 +29,7 @@ from app_pages.multi_gpu_figures import (
     memory_table,
     strategy_estimates,
 )
-from app_pages.page_context import start_page
+from app_pages.page_context import rerun_when_a_run_finishes, start_page
 from app_pages.run_queue import Distributed, get_queue
 from app_pages.verify_results import plan_request
 from planner.errors import PlannerInputError
@@ -96,12 +96,7 @@ def _verify_controls(context) -> None:
 
 def _distributed_runs() -> None:
     views = [v for v in get_queue().jobs(_session_id()) if v.job.distributed is not None]
-    done = sum(v.job.finished for v in views)
-    if done > st.session_state.get("mgpu_seen_finished", done):
-        # A run finished: rerun the whole page so the table of measured runs shows it.
-        st.session_state["mgpu_seen_finished"] = done
-        st.rerun()
-    st.session_state["mgpu_seen_finished"] = done
+    rerun_when_a_run_finishes(sum(v.job.finished for v in views), "mgpu_seen_finished")
     for view in views:
         job = view.job
         if job.finished:

@@ -63,3 +63,12 @@ def start_page(title: str) -> PageContext | None:
     if context is not None:
         st.caption(model_caption(context.shape))
     return context
+
+
+def rerun_when_a_run_finishes(finished_runs: int, key: str) -> None:
+    """Rerun the whole page once more runs have finished than at the last render, so the
+    tables drawn outside the auto-refreshing fragment (history, measured runs) show them."""
+    if finished_runs > st.session_state.get(key, finished_runs):
+        st.session_state[key] = finished_runs
+        st.rerun()
+    st.session_state[key] = finished_runs

@@ -11,7 +11,7 @@ import streamlit as st
 
 from app_pages.figures import category_comparison_figure, estimate_vs_measured_scatter, technique_bars_figure
 from app_pages.history_access import recent_runs
-from app_pages.page_context import start_page
+from app_pages.page_context import rerun_when_a_run_finishes, start_page
 from app_pages.run_queue import get_queue
 from app_pages.verify_results import (
     MODES,
@@ -56,12 +56,7 @@ def _live_runs() -> None:
     if not views:
         st.caption("No runs queued in this session yet.")
         return
-    done = sum(v.job.finished for v in views)
-    if done > st.session_state.get("verify_seen_finished", done):
-        # A run finished: rerun the whole page so the history below shows it too.
-        st.session_state["verify_seen_finished"] = done
-        st.rerun()
-    st.session_state["verify_seen_finished"] = done
+    rerun_when_a_run_finishes(sum(v.job.finished for v in views), "verify_seen_finished")
     for view in views:
         job = view.job
         where = ("running now" if view.position == 0 else

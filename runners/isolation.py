@@ -82,7 +82,8 @@ def _read_events(stream, events: queue.Queue) -> None:
         events.put(_EOF)
 
 
-def _read_tail(stream, tail: deque) -> None:
+def read_tail(stream, tail: deque) -> None:
+    """Non-empty lines of `stream` into `tail` (a bounded deque), until it closes."""
     try:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip()
@@ -92,7 +93,7 @@ def _read_tail(stream, tail: deque) -> None:
         pass
 
 
-def _exited(pid: int) -> bool:
+def exited(pid: int) -> bool:
     """Whether the child has exited, without reaping it (its pid, and so the process
     group id, stays reserved until `Popen.wait`)."""
     try:
@@ -102,7 +103,7 @@ def _exited(pid: int) -> bool:
 
 
 def _wait_exit(pid: int, until: float) -> bool:
-    while not _exited(pid):
+    while not exited(pid):
         if time.monotonic() >= until:
             return False
         time.sleep(_POLL_S)
@@ -171,7 +172,7 @@ def run_in_child(request: VerifyRequest, timeout_s: float,
     events: queue.Queue = queue.Queue()
     tail: deque = deque(maxlen=STDERR_TAIL_LINES)
     readers = [threading.Thread(target=_read_events, args=(proc.stdout, events), daemon=True),
-               threading.Thread(target=_read_tail, args=(proc.stderr, tail), daemon=True)]
+               threading.Thread(target=read_tail, args=(proc.stderr, tail), daemon=True)]
     for reader in readers:
         reader.start()
 

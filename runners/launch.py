@@ -48,6 +48,7 @@ from typing import Callable
 from planner.scenario import Device
 from planner.strategy import ParallelPlan, Strategy
 from planner.units import format_bytes
+from runners.isolation import exited, read_tail
 from runners.rank_worker import VERIFIED_STRATEGIES
 from runners.request import Mode, VerifyRequest
 
@@ -170,25 +171,6 @@ def _read_stdout(stream, events: queue.Queue, tail: deque) -> None:
         pass
     finally:
         events.put(_EOF)
-
-
-def _read_stderr(stream, tail: deque) -> None:
-    try:
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", errors="replace").rstrip()
-            if line.strip():
-                tail.append(line)
-    except (OSError, ValueError):
-        pass
-
-
-def _exited(pid: int) -> bool:
-    """Whether torchrun has exited, without reaping it (its pid, and so its group id,
-    stays reserved until `Popen.wait`)."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
 
 
 def processes_holding(marker: str) -> list[tuple[int, int]]:
@@ -372,7 +354,7 @@ def _launch(plan: DistributedPlan, job: Path, out: Path, started: float, deadlin
     events: queue.Queue = queue.Queue()
     tail: deque = deque(maxlen=TAIL_LINES)
     readers = [threading.Thread(target=_read_stdout, args=(proc.stdout, events, tail), daemon=True),
-               threading.Thread(target=_read_stderr, args=(proc.stderr, tail), daemon=True)]
+               threading.Thread(target=read_tail, args=(proc.stderr, tail), daemon=True)]
     for reader in readers:
         reader.start()
     stopped: tuple[str, str] | None = None
@@ -395,7 +377,7 @@ def _launch(plan: DistributedPlan, job: Path, out: Path, started: float, deadlin
                 stopped = ("timeout", f"no result within the {timeout_s:g} s time limit "
                                       f"({_where(last_progress)}); every rank was killed")
                 break
-            if _exited(proc.pid) and (not stdout_open or events.empty()):
+            if exited(proc.pid) and (not stdout_open or events.empty()):
                 break
             try:
                 item = events.get(timeout=min(deadline - now, _POLL_S))
