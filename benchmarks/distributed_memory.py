@@ -2,7 +2,10 @@
 Accelerate loop), against the planner: DDP, DDP with local SGD, and Accelerate's FSDP2
 with FULL_SHARD and SHARD_GRAD_OP.
 
-    python benchmarks/distributed_memory.py          # about 3 minutes on 2 cores
+    python benchmarks/distributed_memory.py          # about 6 minutes on 2 cores
+
+The FSDP terms of planner.parallel were derived from FSDP2's and Accelerate's code and
+checked against these runs while they were written: none of them is held out.
 
 Writes benchmarks/results/distributed_memory.{md,csv}. Measured peaks are MemTracker's
 over the last optimizer step of each rank (runners.rank_worker); traffic is counted by
@@ -31,25 +34,32 @@ from runners.request import Mode, VerifyRequest  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 NUM_PROCESSES = 2
-MODELS = {  # config, task, micro-batch
-    "tiny-llama": ("tests/configs/tiny-llama.json", "causal-lm", 4, 64),
-    "tiny-gpt2": ("tests/configs/tiny-gpt2.json", "causal-lm", 4, 64),
-    "tiny-neox": ("tests/configs/tiny-neox.json", "causal-lm", 2, 32),
-}
-RUNS = [  # strategy, local SGD steps, precision
-    (Strategy.DDP, None, "fp32"),
-    (Strategy.DDP, 2, "fp32"),
-    (Strategy.FSDP_FULL_SHARD, None, "fp32"),
-    (Strategy.FSDP_SHARD_GRAD_OP, None, "fp32"),
-    (Strategy.DDP, None, "bf16-mixed"),
-    (Strategy.FSDP_FULL_SHARD, None, "bf16-mixed"),  # Accelerate's 16-bit MixedPrecisionPolicy
+FULL, GRAD_OP, DDP = Strategy.FSDP_FULL_SHARD, Strategy.FSDP_SHARD_GRAD_OP, Strategy.DDP
+# (model, task, batch, sequence, strategy, local SGD K, precision, technique)
+CASES = [
+    *[(m, "causal-lm", b, s, strategy, k, precision, None)
+      for m, b, s in (("tiny-llama", 4, 64), ("tiny-gpt2", 4, 64), ("tiny-neox", 2, 32))
+      for strategy, k, precision in ((DDP, None, "fp32"), (DDP, 2, "fp32"), (FULL, None, "fp32"),
+                                     (GRAD_OP, None, "fp32"), (DDP, None, "bf16-mixed"),
+                                     (FULL, None, "bf16-mixed"))],  # bf16: Accelerate's 16-bit MixedPrecisionPolicy
+    # Other families (OPT: tied embeddings; Phi: an LM head with a bias; DistilBERT: no
+    # _no_split_modules, so the root holds every block) and the lessons' techniques.
+    *[(m, task, b, 64, strategy, None, "fp32", None)
+      for m, task, b in (("tiny-opt", "causal-lm", 4), ("tiny-phi", "causal-lm", 4),
+                         ("tiny-distilbert", "sequence-classification", 8))
+      for strategy in (FULL, GRAD_OP)],
+    *[("tiny-llama", "causal-lm", 4, 64, strategy, None, "fp32", "checkpointing") for strategy in (FULL, GRAD_OP)],
+    *[("tiny-llama", "causal-lm", 2, 64, strategy, None, "fp32", "accumulation 2") for strategy in (FULL, GRAD_OP)],
 ]
 STEPS = 4
 
 
-def _measure(name: str, config: str, task: str, batch: int, seq: int, strategy: Strategy, k: int | None,
-             precision: str) -> dict:
-    values = {"task": task, "batch_size": batch, "seq_len": seq, "optimizer": "adamw", "precision": precision}
+def _measure(name: str, task: str, batch: int, seq: int, strategy: Strategy, k: int | None, precision: str,
+             technique: str | None) -> dict:
+    config = f"tests/configs/{name}.json"
+    values = {"task": task, "batch_size": batch, "seq_len": seq, "optimizer": "adamw", "precision": precision,
+              "gradient_checkpointing": technique == "checkpointing",
+              "grad_accum": 2 if technique == "accumulation 2" else 1}
     request = VerifyRequest(config=json.loads((ROOT / config).read_text()), model_name=name, scenario=values,
                             mode=Mode.CPU, steps=STEPS, local_sgd_steps=k)
     result = run_distributed(request, strategy, NUM_PROCESSES, timeout_s=600)
@@ -72,6 +82,7 @@ def _measure(name: str, config: str, task: str, batch: int, seq: int, strategy: 
         measured_bytes = sum(kind["bytes"] for kind in result["comm_per_step"].values())
     return {
         "model": name, "strategy": strategy.value, "local_sgd_steps": k or "", "precision": precision,
+        "technique": technique or "",
         "batch": f"{batch}x{seq}",
         "estimated_peak_bytes": planned.per_device_peak_bytes,
         "measured_rank0_peak_bytes": peaks[0], "measured_rank1_peak_bytes": peaks[1],
@@ -88,16 +99,16 @@ def _measure(name: str, config: str, task: str, batch: int, seq: int, strategy: 
 
 def main() -> None:
     rows = []
-    for name, (config, task, batch, seq) in MODELS.items():
-        for strategy, k, precision in RUNS:
-            started = time.perf_counter()
-            rows.append(_measure(name, config, task, batch, seq, strategy, k, precision))
-            row = rows[-1]
-            print(f"{name:<11}{strategy.value + (f' K={k}' if k else ''):<24}{precision:<12}est {row['estimated_peak_bytes']:>12,} "
-                  f"meas {max(row['measured_rank0_peak_bytes'], row['measured_rank1_peak_bytes']):>12,} "
-                  f"({row['peak_error_pct']:+.2f}%)  comm {row['comm_basis']} est {row['estimated_comm_bytes']:>12,.0f} "
-                  f"meas {row['measured_comm_bytes']:>12,.0f}  {time.perf_counter() - started:.0f} s",
-                  flush=True)
+    for case in CASES:
+        started = time.perf_counter()
+        rows.append(_measure(*case))
+        row = rows[-1]
+        label = row["strategy"] + (f" K={row['local_sgd_steps']}" if row["local_sgd_steps"] else "")
+        print(f"{row['model']:<16}{label:<22}{row['precision']:<11}{row['technique']:<15}"
+              f"est {row['estimated_peak_bytes']:>12,} "
+              f"meas {max(row['measured_rank0_peak_bytes'], row['measured_rank1_peak_bytes']):>12,} "
+              f"({row['peak_error_pct']:+.2f}%)  comm {row['comm_basis']} est {row['estimated_comm_bytes']:>12,.0f} "
+              f"meas {row['measured_comm_bytes']:>12,.0f}  {time.perf_counter() - started:.0f} s", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     with (RESULTS / "distributed_memory.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
@@ -112,14 +123,14 @@ def main() -> None:
         "(MemTracker). Local SGD: K=2 (averaging every 2 micro-batches, and once more on leaving its context). "
         "Traffic = payload bytes per rank: per optimizer step in steady state, or over the whole run for local SGD.",
         "",
-        "| model | strategy | precision | batch | estimated per rank | measured rank 0 | measured rank 1 | error | "
+        "| model | strategy | precision | technique | batch | estimated per rank | measured rank 0 | measured rank 1 | error | "
         "phase est / meas | traffic | estimated | measured | replicas equal |",
-        "|---|---|---|---|---:|---:|---:|---:|---|---|---:|---:|---|",
+        "|---|---|---|---|---|---:|---:|---:|---:|---|---|---:|---:|---|",
     ]
     for r in rows:
         strategy = r["strategy"] + (f" + local SGD K={r['local_sgd_steps']}" if r["local_sgd_steps"] else "")
         lines.append(
-            f"| {r['model']} | {strategy} | {r['precision']} | {r['batch']} | {format_bytes(r['estimated_peak_bytes'])} | "
+            f"| {r['model']} | {strategy} | {r['precision']} | {r['technique'] or '-'} | {r['batch']} | {format_bytes(r['estimated_peak_bytes'])} | "
             f"{format_bytes(r['measured_rank0_peak_bytes'])} | {format_bytes(r['measured_rank1_peak_bytes'])} | "
             f"{r['peak_error_pct']:+.2f}% | {r['estimated_phase']} / {r['measured_phase']} | "
             f"{r['comm_basis']} | {r['estimated_comm_bytes']:,.0f} B | {r['measured_comm_bytes']:,.0f} B | "

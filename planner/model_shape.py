@@ -48,6 +48,26 @@ class ParamTensor:
         return math.prod(self.shape)
 
 
+class FsdpUnitKind(enum.Enum):
+    BLOCK = "block"  # a module whose class is in the model's _no_split_modules
+    INPUT_EMBEDDING = "input embedding"  # the untied input embedding
+    TAIL = "tail"  # final norm and output embedding (with the input embedding when tied)
+    ROOT = "root"  # whatever the other units left
+
+    @property
+    def follows_reshard_setting(self) -> bool:
+        """Resharded after forward under FULL_SHARD; the tail and the root never are."""
+        return self in (FsdpUnitKind.BLOCK, FsdpUnitKind.INPUT_EMBEDDING)
+
+
+@dataclass(frozen=True)
+class FsdpUnit:
+    """Parameters FSDP2 gathers together, as Accelerate's FSDP plugin groups them."""
+
+    kind: FsdpUnitKind
+    param_names: frozenset[str]
+
+
 @dataclass(frozen=True)
 class ParameterStats:
     """Per-tensor sums over the unique parameter tensors, in elements (computed once per model)."""
@@ -118,6 +138,7 @@ class ModelShape:
     other_buffer_bytes: int
     embedding_elements: int  # nn.Embedding weights: looked up, never multiplied, so autocast never copies them
     embedding_param_names: frozenset[str]  # their parameter names
+    fsdp_units: tuple[FsdpUnit, ...]  # in forward order of first use: input embedding, blocks, tail, root
     stats: ParameterStats = field(init=False)
 
     def __post_init__(self) -> None:

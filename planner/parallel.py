@@ -27,20 +27,29 @@ What each strategy holds, per rank (P parameters, G gradients, S optimizer state
   (Rajbhandari et al. 2020, section 5) with DeepSpeed's default bucket of 5e8 elements;
   DeepSpeed is not a dependency here, so these are not verified by a run.
 - fsdp-full-shard / fsdp-shard-grad-op (torch FSDP2 as Accelerate's plugin applies it):
-  each parameter's first dimension padded to a multiple of N and split; units = each
-  transformer block and the (untied) input embedding, resharded after forward with
-  FULL_SHARD; the final norm, LM head and the rest stay gathered from forward to
-  backward. All-gathers: every unit in the forward, the resharded ones again in the
-  backward; one reduce-scatter of each unit's gradients per optimizer step (Accelerate
-  keeps unsharded gradients under `no_sync` while accumulating).
+  each parameter's first dimension padded to a multiple of N and split; units as
+  `ModelShape.fsdp_units` (the importer mirrors Accelerate's `fsdp2_prepare_model`: each
+  module of a `_no_split_modules` class, the untied input embedding, [final norm, output
+  embedding], the root). Blocks and the input embedding are resharded after forward with
+  FULL_SHARD; the tail and the root stay gathered from forward to backward. All-gathers:
+  every unit in the forward, the resharded ones again in the backward; a reduce-scatter
+  of each unit's gradients every micro-batch (FSDP2 modules have no `no_sync`, so
+  Accelerate's `accumulate` cannot skip it). Under mixed precision Accelerate sets a
+  16-bit MixedPrecisionPolicy: 16-bit gathers, reductions and compute, fp32 shards and
+  state. The per-rank peak is the largest of a few moments: the forward's end (kept units
+  and one more copy of the largest), the loss's backward, entering the last block (the
+  tail's unsharded gradients beside their reduce-scatter input, two units re-gathered),
+  the end of backward (the last unit's gradients reduced), and for shard grad op the
+  head's backward with every unit still gathered.
 
-Known limitations: FSDP's transient buffers (the all-gather output beside the unsharded
-parameters, the reduce-scatter input beside the unsharded gradients) are modelled at
-their largest unit and the activations present then, a simplification that came out 0%
-to 6.6% over (never under) on eight two-rank CPU runs (benchmarks/results/distributed_memory.md); CUDA
-stream-ordered frees and NCCL's own buffers are not modelled; mixed precision under FSDP
-follows Accelerate's FSDP2 policy (16-bit gathers, reductions and compute, fp32 shards
-and state); ZeRO-1/2 under mixed precision are modelled as torch AMP (fp32 weights and
+Known limitations: FSDP's transient buffers are placed at those moments from FSDP2's
+code and two-rank CPU runs, not derived from its allocator: on 28 runs of 6 families the
+per-rank peak came out -3.1% to +6.8% (median 0.00%; benchmarks/results/distributed_memory.md).
+Whether an asynchronous collective's buffer (one unit) is still alive at the peak depends
+on timing: the same GPT-NeoX bf16 run measured 11.08 MiB and 11.82 MiB on two occasions.
+The optimizer step of some runs held one more embedding-sized gathered unit than
+modelled (never the peak there). CUDA stream-ordered frees and NCCL's own buffers are
+not modelled. ZeRO-1/2 under mixed precision are modelled as torch AMP (fp32 weights and
 gradients on every device), not DeepSpeed's 16-bit copies.
 """
 
@@ -49,21 +58,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
 from dataclasses import dataclass
 
 from planner.estimate import Estimate, Phase, PhaseMemory, estimate
-from planner.model_shape import ModelShape, ParamTensor
+from planner.model_shape import FsdpUnitKind, ModelShape, ParamTensor
 from planner.optimizer_state import (allocation, optimizer_state_bytes, parameter_bytes_per_element,
                                      parameter_tensor_bytes)
-from planner.scenario import Precision, Scenario
+from planner.scenario import Checkpointing, Precision, Scenario
 from planner.strategy import ParallelPlan, Strategy
 
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel(bucket_cap_mb=25)
 DEEPSPEED_BUCKET_ELEMENTS = 500_000_000  # reduce_bucket_size / allgather_bucket_size defaults
 
-_BLOCK_INDEX = re.compile(r"\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -182,41 +189,33 @@ def sharded_shape(shape: ModelShape, n: int) -> ModelShape:
     return dataclasses.replace(shape, params=params)
 
 
-def _unit_of(param: ParamTensor, shape: ModelShape) -> str:
-    """The FSDP unit Accelerate's FSDP2 wrapping puts a parameter in."""
-    match = _BLOCK_INDEX.search(param.name)
-    if match:
-        return "block " + param.name[:match.end()]
-    vocabulary_rows = param.shape[0] == shape.vocab_size and len(param.shape) == 2
-    if vocabulary_rows and param.name in shape.embedding_param_names and not shape.tied_embeddings:
-        return "input embedding"
-    if vocabulary_rows or (len(param.shape) == 1 and re.search(r"norm|ln_f", param.name)):
-        return "tail"  # fully_shard([final norm, output embedding (+ the tied input one)])
-    return "root"  # what is left (position embeddings, a classifier): the root module's own unit
-
-
 @dataclass(frozen=True)
 class _Units:
     resharded: tuple[int, ...]  # gathered bytes of each unit resharded after forward (blocks, embedding)
     largest_block: int
-    kept: int  # gathered bytes of the units that stay gathered until backward (tail, root)
-    kept_calls: int  # how many of those units have parameters: one collective each
-    first_reduced: int  # the unit whose gradients are reduced last: the input embedding, else the kept ones
+    tail: int  # gathered bytes of the tail (final norm, output embedding), kept from forward to backward
+    root: int  # gathered bytes of the root's own parameters, kept likewise
+    kept_calls: int  # how many of those two units have parameters: one collective each
+    last_reduced: int  # the largest unit reduced at the very end: the first the forward uses, or the root
+
+    @property
+    def kept(self) -> int:
+        return self.tail + self.root
 
 
 @functools.lru_cache(maxsize=256)
 def _fsdp_units(shape: ModelShape, n: int, element: int) -> _Units:
-    sizes: dict[str, int] = {}
-    for p in shape.params:
-        padded = _shard_rows(p.shape[0], n) * n * math.prod(p.shape[1:])
-        unit = _unit_of(p, shape)
-        sizes[unit] = sizes.get(unit, 0) + padded * element
-    tail, root = sizes.pop("tail", 0), sizes.pop("root", 0)
-    embedding = sizes.get("input embedding")
-    kept = tail + root
-    blocks = [size for unit, size in sizes.items() if unit.startswith("block ")]
-    return _Units(tuple(sizes.values()), max(blocks, default=0), kept, bool(tail) + bool(root),
-                  embedding if embedding is not None else kept)
+    """Gathered bytes of each FSDP unit (ModelShape.fsdp_units): every parameter's dim 0
+    padded to a multiple of N, as FSDP2 pads its shards."""
+    padded = {p.name: _shard_rows(p.shape[0], n) * n * math.prod(p.shape[1:]) * element for p in shape.params}
+    sizes = [(unit.kind, sum(padded[name] for name in unit.param_names)) for unit in shape.fsdp_units]
+    resharded = tuple(size for kind, size in sizes if kind.follows_reshard_setting)
+    by_kind = {kind: size for kind, size in sizes if not kind.follows_reshard_setting}
+    blocks = [size for kind, size in sizes if kind is FsdpUnitKind.BLOCK]
+    root = by_kind.get(FsdpUnitKind.ROOT, 0)
+    # The root's gradients are complete only when backward ends, like the first unit's.
+    last = max(sizes[0][1] if sizes else 0, root)
+    return _Units(resharded, max(blocks, default=0), by_kind.get(FsdpUnitKind.TAIL, 0), root, len(by_kind), last)
 
 
 def ddp_buckets(shape: ModelShape, gradient_element_bytes: int) -> tuple[int, ...]:
@@ -320,15 +319,15 @@ def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
     # left to cast), while shards, their gradients and the optimizer state stay fp32.
     mixed = scenario.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED)
     gathered_element = 2 if mixed else element
+    computed = estimate(shape, dataclasses.replace(scenario, precision=Precision.BF16)) if mixed else base
     if mixed:
-        computed = estimate(shape, dataclasses.replace(scenario, precision=Precision.BF16))
         forward, backward, _ = computed.phases
-        logits_kept = computed.phases[2].activations
-        embedding_activations = computed.profile.embedding_bytes
-    else:
-        logits_kept = step.activations
-        embedding_activations = base.profile.embedding_bytes
+    logits_kept = computed.phases[2].activations
+    embedding_activations = computed.profile.embedding_bytes
     optimizer_phase = dataclasses.replace(optimizer_phase, activations=logits_kept)
+    # FSDP2 modules have no `no_sync`, so Accelerate's `accumulate` reduce-scatters every
+    # micro-batch: accumulating micro-batches carry gradient shards, not whole gradients.
+    early_gradients = shard_params if accumulation > 1 else 0
     units = _fsdp_units(shape, n, gathered_element)
     largest = max(units.resharded + (units.kept,))
     everything = sum(units.resharded) + units.kept
@@ -345,22 +344,38 @@ def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
                                 backward.activations, backward.temporaries, 0)
     # End of backward: the last unit reduced is gathered, its unsharded gradients and the
     # reduce-scatter's input copy alive, every gradient shard made.
-    backward_end = DevicePhase(Phase.BACKWARD, own + units.first_reduced,
-                               shard_params + (params if accumulation > 1 else 0), shard_state,
-                               embedding_activations + logits_kept, 2 * units.first_reduced, 0)
-    # Start of backward: what the forward left gathered, the last block re-gathered, and
-    # the head's unsharded gradients beside their reduce-scatter input (measured on
-    # two-rank runs: about two copies of the kept units).
-    backward_start = DevicePhase(Phase.BACKWARD, own + kept_after_forward + (0 if keeps_all else units.largest_block),
-                                 early_gradients + 2 * units.kept, shard_state, forward.activations,
-                                 forward.temporaries, 0)
-    phases = (forward_phase, max(backward_peak, backward_end, backward_start, key=lambda p: p.total),
+    backward_end = DevicePhase(Phase.BACKWARD, own + units.last_reduced,
+                               shard_params, shard_state,
+                               embedding_activations + logits_kept, 2 * units.last_reduced, 0)
+    # Entering the last block's backward: the head's activations freed, its unsharded
+    # gradients beside their reduce-scatter input, the last resharded unit re-gathered and
+    # the one before it prefetched (two blocks; the embedding when no block is wrapped);
+    # with checkpointing, the last block recomputed beside every kept input.
+    profile = computed.profile
+    if scenario.checkpointing is Checkpointing.NONE:
+        entering = (computed.activations_bytes - profile.output_logits_bytes - profile.head_bytes
+                    - profile.block_tail_bytes + logits_kept)
+        entering_temporaries = profile.block_backward_start_transient_bytes
+    else:
+        entering = (profile.embedding_bytes + profile.checkpoint_mask_bytes
+                    + shape.num_layers * profile.checkpoint_input_bytes + profile.per_layer_bytes + logits_kept)
+        entering_temporaries = profile.block_entry_transient_bytes
+    backward_start = DevicePhase(Phase.BACKWARD,
+                                 own + kept_after_forward + (0 if keeps_all else sum(units.resharded[-2:])),
+                                 early_gradients + 2 * units.tail, shard_state, entering, entering_temporaries, 0)
+    candidates = [backward_peak, backward_end, backward_start]
+    if keeps_all:
+        # Shard grad op keeps every unit gathered into backward, so the head's backward, with
+        # the forward's activations still alive (an upper bound on them), can be the peak.
+        candidates.append(DevicePhase(Phase.BACKWARD, own + kept_after_forward, early_gradients + 2 * units.tail,
+                                      shard_state, forward.activations, forward.temporaries, 0))
+    phases = (forward_phase, max(candidates, key=lambda p: p.total),
               optimizer_phase)
     gathers = len(units.resharded) + units.kept_calls
     regathers = 0 if keeps_all else len(units.resharded)
     collective("all_gather", "parameters", accumulation * (gathers + regathers),
                accumulation * (everything + (0 if keeps_all else sum(units.resharded))))
-    collective("reduce_scatter", "gradients", gathers, everything)
+    collective("reduce_scatter", "gradients", accumulation * gathers, accumulation * everything)
     return ParallelEstimate(base, plan, phases, placement, (), largest, tuple(collectives), sync_bytes,
                             sync_calls)
 

@@ -12,7 +12,7 @@ import copy
 import warnings
 
 from planner.errors import PlannerInputError
-from planner.model_shape import ArchFamily, MlpKind, ModelShape, NormKind, ParamTensor
+from planner.model_shape import ArchFamily, FsdpUnit, FsdpUnitKind, MlpKind, ModelShape, NormKind, ParamTensor
 from planner.scenario import Task
 
 _FAMILY_BY_MODEL_TYPE = {
@@ -202,4 +202,44 @@ def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: 
         other_buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers() if not b.is_floating_point()),
         embedding_elements=embedding_elements,
         embedding_param_names=frozenset(embedding_params),
+        fsdp_units=_fsdp_units(model, input_embeddings, output_embeddings, tied),
     )
+
+
+def _bottom_up(module) -> list:
+    """Modules children first, the root last (accelerate's get_module_children_bottom_up)."""
+    order = []
+    for child in module.children():
+        order += _bottom_up(child)
+    return order + [module]
+
+
+def _fsdp_units(model, input_embeddings, output_embeddings, tied: bool) -> tuple[FsdpUnit, ...]:
+    """The parameter groups of Accelerate's FSDP2 plugin with `transformer_based_wrap`
+    (accelerate/utils/fsdp_utils.py `fsdp2_prepare_model`): every module whose class is in
+    the model's `_no_split_modules`, bottom-up; the untied input embedding; one group of
+    the final norm (the last "Norm" child of the base model, `_find_final_norm`) and the
+    output embedding, with the input embedding when tied; the root with the rest."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    taken: set[int] = set()
+
+    def claim(modules) -> frozenset[str]:
+        found = {id(p) for m in modules if m is not None for p in m.parameters()} - taken
+        taken.update(found)
+        return frozenset(names[i] for i in found)
+
+    wrapped = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [claim([m]) for m in _bottom_up(model)[:-1] if type(m).__name__ in wrapped]
+    embedding = frozenset() if tied else claim([input_embeddings])
+    prefix = getattr(model, "base_model_prefix", "")
+    base = getattr(model, prefix, None) if prefix else model
+    final_norm = None
+    for child in base.children() if base is not None else ():
+        if "Norm" in type(child).__name__:
+            final_norm = child
+    tail = claim([final_norm, input_embeddings, output_embeddings] if tied else [final_norm, output_embeddings])
+    root = claim([model])
+    units = [FsdpUnit(FsdpUnitKind.INPUT_EMBEDDING, embedding)]
+    units += [FsdpUnit(FsdpUnitKind.BLOCK, b) for b in blocks]
+    units += [FsdpUnit(FsdpUnitKind.TAIL, tail), FsdpUnit(FsdpUnitKind.ROOT, root)]
+    return tuple(u for u in units if u.param_names)
