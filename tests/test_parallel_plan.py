@@ -102,3 +102,24 @@ def test_cli_json_adds_per_device_and_communication_keys():
     bad = _cli("estimate", "--config", "tests/configs/tiny-llama.json", "--task", "causal-lm", "--batch-size", "2",
                "--seq-len", "16", "--num-devices", "2", "--strategy", "fsdp-full-shard", "--local-sgd-steps", "8")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "DDP only" in bad.stderr
+
+
+def test_batch_lines_take_the_multi_device_keys(tmp_path):
+    lines = tmp_path / "plans.jsonl"
+    config = str(CONFIGS / "tiny-llama.json")
+    base = {"config": config, "task": "causal-lm", "batch_size": 2, "seq_len": 16, "device": "cpu"}
+    lines.write_text("\n".join(json.dumps(line) for line in (
+        {**base, "id": "fsdp", "num_devices": 4, "strategy": "fsdp-full-shard"},
+        {**base, "id": "bad", "num_devices": 4, "strategy": "zero9"},
+        {**base, "id": "one"},
+    )) + "\n")
+    done = _cli("batch", str(lines))
+    assert done.returncode == 0, done.stderr
+    fsdp, bad, one = (json.loads(line) for line in done.stdout.splitlines())
+    shape = load_model_shape(config, Task.CAUSAL_LM, 2)
+    scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=16, device="cpu")
+    assert fsdp["per_device_peak_bytes"] == parallel_estimate(
+        shape, scenario, ParallelPlan(4, Strategy.FSDP_FULL_SHARD)).per_device_peak_bytes
+    assert fsdp["placement"]["weights"] == "sharded 4 ways"
+    assert bad["id"] == "bad" and "unknown strategy" in bad["error"]
+    assert one["per_device_peak_bytes"] == one["peak_bytes"] and one["comm_bytes_per_step"] == 0
