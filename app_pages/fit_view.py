@@ -10,6 +10,7 @@ from app_pages.inputs import CUSTOM_GPU, SidebarValues
 from planner.fit import FitOption, FitResult, FitTarget
 from planner.gpus import GPUS, GpuSpec, nearest_gpu
 from planner.scenario import Checkpointing
+from planner.strategy import Strategy
 from planner.units import format_bytes
 
 
@@ -56,7 +57,8 @@ def target_for(values: SidebarValues, kind: str) -> FitTarget:
 def option_label(rank: int, option: FitOption) -> str:
     s = option.scenario
     checkpointing = ", checkpointing" if s.checkpointing is Checkpointing.EVERY_LAYER else ""
-    return (f"#{rank}: {s.optimizer.value}, {s.precision.value}{checkpointing}, "
+    strategy = "" if option.strategy in (Strategy.SINGLE, Strategy.DDP) else f"{option.strategy.value}, "
+    return (f"#{rank}: {strategy}{s.optimizer.value}, {s.precision.value}{checkpointing}, "
             f"{s.batch_size} x {s.grad_accum_steps} accumulation")
 
 
@@ -74,6 +76,15 @@ def fit_rows(result: FitResult) -> list[dict]:
             "step time (s)": j["step_time_s"], "tokens/s": j["tokens_per_s"],
         })
     return rows
+
+
+def applied_plan_note(option: FitOption) -> str | None:
+    """What the other pages show after a sharded plan is applied: the sidebar has no
+    strategy, so Plan counts one full replica per GPU; Multiple GPUs shows the shards."""
+    if option.strategy in (Strategy.SINGLE, Strategy.DDP):
+        return None
+    return (f"This plan shards the model ({option.strategy.value}): the Plan page counts a full replica per GPU; "
+            "the Multiple GPUs page shows what each GPU holds under each strategy.")
 
 
 def plan_state(option: FitOption) -> dict:

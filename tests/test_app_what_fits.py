@@ -69,3 +69,21 @@ def test_largest_batch_target():
     assert not at.exception and not at.error
     expected = expected_result("largest")
     assert list(at.dataframe[0].value["largest micro-batch"]) == [o.max_batch_size for o in expected.options]
+
+
+def test_several_gpus_rank_sharded_plans_and_say_what_applying_one_means():
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.run()
+    at.selectbox(key="catalog_model").set_value("llama-2-7b").run()
+    at.selectbox(key="task").set_value("causal-lm").run()
+    at.number_input(key="gpu_count").set_value(8).run()
+    at.switch_page("app_pages/what_fits.py").run()
+    assert not at.exception, at.exception
+    expected = expected_result(catalog_model="llama-2-7b", task="causal-lm", gpu_count=8)
+    table = at.dataframe[0].value
+    assert list(table["strategy"]) == [o.strategy.value for o in expected.options]
+    sharded = next(i for i, o in enumerate(expected.options) if o.strategy.value.startswith("fsdp"))
+    at.selectbox(key="fit_choice").set_value(sharded).run()
+    at.button(key="fit_apply").click().run()
+    assert not at.exception and at.success[0].value.startswith("Plan applied")
+    assert "shards the model" in at.info[0].value
