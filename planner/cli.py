@@ -16,6 +16,7 @@ from planner.estimate import Estimate, estimate
 from planner.fit import SHARDING_NOTE, FitResult, FitTarget, smallest_plan
 from planner.gpus import GPUS, gpu_spec, nearest_gpu
 from planner.loading import load_model_shape
+from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
 from planner.scenario import (Attention, Checkpointing, Device, Engine, Precision, Task, as_int,
                               scenario_from_values)
@@ -118,17 +119,26 @@ def plan_from_values(values: dict) -> ParallelPlan:
     return ParallelPlan(devices, strategy, None if local_sgd is None else as_int(local_sgd, "local SGD steps"))
 
 
+def parallel_from_values(values: dict, base_dir: Path | None = None, allow_hub: bool = False) -> ParallelEstimate:
+    """The single-device estimate (`.base`) and its multi-device plan from user-facing values."""
+    plan = plan_from_values(values)
+    shape, base = _shape_and_estimate(values, base_dir, allow_hub)
+    return parallel_estimate(shape, base.scenario, plan, base=base)
+
+
 def result_json(values: dict, base_dir: Path | None = None, allow_hub: bool = False) -> dict:
     """The estimate's JSON with the per-device and communication keys of its plan."""
-    plan = plan_from_values(values)
-    base = estimate_from_values(values, base_dir=base_dir, allow_hub=allow_hub)
-    shape = load_model_shape(values["config"], base.scenario.task, base.scenario.num_labels, base_dir=base_dir,
-                             allow_hub=allow_hub)
-    return {**base.to_json(), **parallel_estimate(shape, base.scenario, plan, base=base).to_json()}
+    result = parallel_from_values(values, base_dir, allow_hub)
+    return {**result.base.to_json(), **result.to_json()}
 
 
 def estimate_from_values(values: dict, base_dir: Path | None = None, allow_hub: bool = False) -> Estimate:
     """One estimate from user-facing scenario values (the JSONL keys)."""
+    return _shape_and_estimate(values, base_dir, allow_hub)[1]
+
+
+def _shape_and_estimate(values: dict, base_dir: Path | None, allow_hub: bool) -> tuple[ModelShape, Estimate]:
+    """The model shape and its one-device estimate from user-facing scenario values (the JSONL keys)."""
     if "config" not in values:
         raise PlannerInputError("scenario has no 'config': give a catalog name or a config.json path")
     if "task" not in values:
@@ -148,7 +158,7 @@ def estimate_from_values(values: dict, base_dir: Path | None = None, allow_hub: 
         raise PlannerInputError("'config' must be a string: a catalog name or a config.json path")
     shape = load_model_shape(values["config"], scenario.task, scenario.num_labels, base_dir=base_dir,
                              allow_hub=allow_hub)
-    return estimate(shape, scenario)
+    return shape, estimate(shape, scenario)
 
 
 def format_table(result: Estimate) -> str:
@@ -187,13 +197,10 @@ def _run_estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result_json(values, base_dir=Path.cwd(), allow_hub=args.hub)))
         return 0
-    plan = plan_from_values(values)
-    result = estimate_from_values(values, base_dir=Path.cwd(), allow_hub=args.hub)
-    print(format_table(result))
-    if plan.distributed or plan.local_sgd_steps is not None:
-        shape = load_model_shape(args.config, result.scenario.task, result.scenario.num_labels, base_dir=Path.cwd(),
-                                 allow_hub=args.hub)
-        print("\n" + format_parallel_table(parallel_estimate(shape, result.scenario, plan, base=result)))
+    result = parallel_from_values(values, base_dir=Path.cwd(), allow_hub=args.hub)
+    print(format_table(result.base))
+    if result.plan.distributed or result.plan.local_sgd_steps is not None:
+        print("\n" + format_parallel_table(result))
     return 0
 
 

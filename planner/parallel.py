@@ -72,7 +72,6 @@ DDP_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel(bucket_cap_mb=25)
 DEEPSPEED_BUCKET_ELEMENTS = 500_000_000  # reduce_bucket_size / allgather_bucket_size defaults
 
 
-
 @dataclass(frozen=True)
 class Collective:
     """One kind of collective over one optimizer step (averaged over a local SGD period)."""
@@ -120,7 +119,6 @@ class ParallelEstimate:
     largest_gathered_unit_bytes: int  # the biggest set of parameters gathered at once (ZeRO-3, FSDP)
     collectives: tuple[Collective, ...]
     local_sgd_sync_bytes: int  # one parameter averaging (local SGD), payload
-    local_sgd_sync_calls: int
 
     @property
     def peak(self) -> DevicePhase:
@@ -255,18 +253,13 @@ def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
     accumulation = scenario.grad_accum_steps
     placement = {"weights": "replicated", "gradients": "replicated", "optimizer_state": "replicated",
                  "activations": "per device (its own micro-batch)"}
-    sync_bytes = payload
-    sync_calls = shape.stats.num_tensors
-    buckets: tuple[int, ...] = ()
     collectives: list[Collective] = []
 
     def collective(kind: str, what: str, calls: float, nbytes: float) -> None:
         collectives.append(Collective(kind, what, calls, nbytes, _ring(kind, n)))
 
     if not plan.distributed:
-        phases = tuple(DevicePhase(p.phase, p.weights, p.gradients, p.optimizer_state, p.activations,
-                                   p.temporaries, 0) for p in base.phases)
-        return ParallelEstimate(base, plan, phases, placement, (), 0, (), 0, 0)
+        return ParallelEstimate(base, plan, tuple(_with(p) for p in base.phases), placement, (), 0, (), 0)
 
     shard = sharded_shape(shape, n)
     shard_params = parameter_tensor_bytes(shard, scenario.precision, scenario.device)
@@ -278,13 +271,14 @@ def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
         buckets = tuple(on_device(b) for b in ddp_buckets(shape, element))
         phases = tuple(_with(p, communication_buffers=sum(buckets)) for p in base.phases)
         if plan.local_sgd_steps is not None:
+            # One all-reduce per parameter tensor, every K micro-batches.
             per_step = accumulation / plan.local_sgd_steps
-            collective("all_reduce", "parameters", sync_calls * per_step, sync_bytes * per_step)
+            collective("all_reduce", "parameters", shape.stats.num_tensors * per_step, payload * per_step)
         else:
-            collective("all_reduce", "gradients", len(buckets), sum(ddp_buckets(shape, element)))
+            collective("all_reduce", "gradients", len(buckets), payload)  # the buckets hold every gradient
             if buffers:
                 collective("broadcast", "buffers", 1, shape.float_buffer_elements * 4 + shape.other_buffer_bytes)
-        return ParallelEstimate(base, plan, phases, placement, buckets, 0, tuple(collectives), sync_bytes, sync_calls)
+        return ParallelEstimate(base, plan, phases, placement, buckets, 0, tuple(collectives), payload)
 
     placement["optimizer_state"] = f"sharded {n} ways"
     if strategy.shards_gradients:
@@ -311,7 +305,7 @@ def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
         reductions = 1 if strategy is Strategy.ZERO1 else accumulation
         collective("reduce_scatter", "gradients", reductions, payload * reductions)
         collective("all_gather", "parameters", 1, payload)
-        return ParallelEstimate(base, plan, phases, placement, (), 0, tuple(collectives), sync_bytes, sync_calls)
+        return ParallelEstimate(base, plan, phases, placement, (), 0, tuple(collectives), payload)
 
     # Accelerate's FSDP plugin under mixed precision sets MixedPrecisionPolicy(param_dtype,
     # reduce_dtype, output_dtype = the 16-bit type): parameters are gathered and gradients
@@ -369,15 +363,13 @@ def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
         # the forward's activations still alive (an upper bound on them), can be the peak.
         candidates.append(DevicePhase(Phase.BACKWARD, own + kept_after_forward, early_gradients + 2 * units.tail,
                                       shard_state, forward.activations, forward.temporaries, 0))
-    phases = (forward_phase, max(candidates, key=lambda p: p.total),
-              optimizer_phase)
+    phases = (forward_phase, max(candidates, key=lambda p: p.total), optimizer_phase)
     gathers = len(units.resharded) + units.kept_calls
     regathers = 0 if keeps_all else len(units.resharded)
     collective("all_gather", "parameters", accumulation * (gathers + regathers),
                accumulation * (everything + (0 if keeps_all else sum(units.resharded))))
     collective("reduce_scatter", "gradients", accumulation * gathers, accumulation * everything)
-    return ParallelEstimate(base, plan, phases, placement, (), largest, tuple(collectives), sync_bytes,
-                            sync_calls)
+    return ParallelEstimate(base, plan, phases, placement, (), largest, tuple(collectives), payload)
 
 
 def _with(phase: PhaseMemory | DevicePhase, **changes) -> DevicePhase:

@@ -58,7 +58,7 @@ def verify_distributed(request: VerifyRequest, strategy: Strategy, num_processes
     A refused plan is recorded as refused and starts no process. Raises PlannerInputError
     for bad input (nothing is recorded then); the caller's own interruption is recorded
     (failed or killed) and re-raised. `history=None`: the default store."""
-    from runners.launch import plan_distributed, run_distributed
+    from runners.launch import plan_distributed, run_planned
 
     plan = plan_distributed(request, strategy, num_processes)
     history = history if history is not None else RunHistory()
@@ -66,7 +66,7 @@ def verify_distributed(request: VerifyRequest, strategy: Strategy, num_processes
     run_id = history.start_run(request.model_name, plan.request.mode.value,
                                _distributed_scenario_record(plan.request, request, strategy, num_processes), estimated)
     try:
-        result = run_distributed(request, strategy, num_processes, timeout_s, on_progress=on_progress, cancel=cancel)
+        result = run_planned(plan, timeout_s, on_progress=on_progress, cancel=cancel)
     except BaseException as error:
         status = RunStatus.FAILED if isinstance(error, Exception) else RunStatus.KILLED
         history.finish_run(run_id, status, reason=f"the caller stopped: {type(error).__name__}: {error}"[:500])

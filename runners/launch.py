@@ -22,9 +22,9 @@ carry the JOB.json path in their argv), then torchrun's own group, and reaps tor
 A rank's own children share its group, so they go with it.
 
 Known limitations: a process that moves itself into another session and drops the job
-path from its argv escapes the clean-up. The RAM pre-flight check multiplies the
-single-device CPU estimate by N, an upper bound for the sharded strategies (it may refuse
-an FSDP run that would fit). comm_per_step is rank 0's: ranks issue the same collectives.
+path from its argv escapes the clean-up. The RAM pre-flight check is N times the
+planner's per-device peak (planner.parallel) with the one-process safety margin.
+comm_per_step is rank 0's: ranks issue the same collectives.
 """
 
 from __future__ import annotations
@@ -86,19 +86,23 @@ def _with_mode(request: VerifyRequest, mode: Mode) -> VerifyRequest:
     return dataclasses.replace(request, mode=mode, scenario={**request.scenario, "device": device.value})
 
 
-def _ram_refusal(request: VerifyRequest, num_processes: int) -> str | None:
-    from runners.verify import available_ram_bytes, cpu_ram_needed_bytes, plan_run
+def _ram_refusal(request: VerifyRequest, parallel: ParallelPlan) -> str | None:
+    from planner.loading import model_shape_for_config
+    from planner.parallel import parallel_estimate
+    from runners.verify import available_ram_bytes, ram_needed_for_peak
 
     available = available_ram_bytes()
     if available is None:  # not Linux: the user asked for cpu, as in a one-process run
         return None
-    single = plan_run(request, cuda_available=False, available_bytes=None).estimate
-    needed = num_processes * cpu_ram_needed_bytes(single)
+    scenario = request.parsed_scenario()
+    shape = model_shape_for_config(request.config, scenario.task, scenario.num_labels, request.model_name)
+    per_process = parallel_estimate(shape, scenario, parallel).per_device_peak_bytes
+    needed = parallel.num_devices * ram_needed_for_peak(per_process)
     if needed <= available:
         return None
-    return (f"{num_processes} CPU processes need about {format_bytes(needed)} of RAM (one-device planner peak "
-            f"plus a safety margin, per process) but only {format_bytes(available)} is available: "
-            "use fewer processes or a smaller scenario")
+    return (f"{parallel.num_devices} CPU processes need about {format_bytes(needed)} of RAM (the planner's "
+            f"per-device peak plus a safety margin, per process) but only {format_bytes(available)} is "
+            "available: use fewer processes or a smaller scenario")
 
 
 def plan_distributed(request: VerifyRequest, strategy: Strategy, num_processes: int, *,
@@ -124,7 +128,8 @@ def plan_distributed(request: VerifyRequest, strategy: Strategy, num_processes: 
     if strategy not in VERIFIED_STRATEGIES:
         return answer(f"strategy {strategy.value} cannot be verified on several processes: use one of "
                       + ", ".join(s.value for s in VERIFIED_STRATEGIES))
-    ParallelPlan(num_devices=num_processes, strategy=strategy, local_sgd_steps=request.local_sgd_steps)
+    # Validates the combination (PlannerInputError, e.g. local SGD with FSDP) and sizes the RAM check.
+    parallel = ParallelPlan(num_devices=num_processes, strategy=strategy, local_sgd_steps=request.local_sgd_steps)
     if mode is Mode.SIMULATE:
         return answer(SIMULATE_REFUSAL)
     if mode is Mode.CUDA and cuda_devices < num_processes:
@@ -135,7 +140,7 @@ def plan_distributed(request: VerifyRequest, strategy: Strategy, num_processes: 
             return answer(f"{num_processes} CPU processes on {cores} CPU cores is too many (at most "
                           f"{MAX_PROCESSES_PER_CPU * cores}): use fewer processes")
         if check_ram:
-            return answer(_ram_refusal(planned, num_processes))
+            return answer(_ram_refusal(planned, parallel))
     return answer(None)
 
 
@@ -321,9 +326,14 @@ def run_distributed(request: VerifyRequest, strategy: Strategy, num_processes: i
     events go to `on_progress` (in this thread). See the module docstring for statuses.
     Raises PlannerInputError for bad input; if the caller is interrupted (its own
     `on_progress` raising, KeyboardInterrupt) every process is killed before it propagates."""
+    return run_planned(plan_distributed(request, strategy, num_processes), timeout_s, on_progress, cancel)
+
+
+def run_planned(plan: DistributedPlan, timeout_s: float, on_progress: Callable[[dict], None] | None = None,
+                cancel: threading.Event | None = None) -> dict:
+    """`run_distributed` for a plan already made by `plan_distributed` (refused plans start nothing)."""
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    plan = plan_distributed(request, strategy, num_processes)
     if plan.refusal is not None:
         return _base(plan, "refused", plan.refusal)
     started = time.monotonic()
@@ -331,7 +341,7 @@ def run_distributed(request: VerifyRequest, strategy: Strategy, num_processes: i
     workdir = Path(tempfile.mkdtemp(prefix="planner-launch-"))
     job, out = workdir / "job.json", workdir / "out"
     try:
-        write_job(plan.request, strategy, job)
+        write_job(plan.request, plan.strategy, job)
         return _launch(plan, job, out, started, deadline, timeout_s, on_progress, cancel)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

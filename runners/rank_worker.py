@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from planner.strategy import Strategy, parse_strategy
-from runners.collectives import DDP_BUCKETS, CollectiveCounter
+from runners.collectives import CollectiveCounter
 from runners.request import Mode, VerifyRequest
 
 VERIFIED_STRATEGIES = (Strategy.DDP, Strategy.FSDP_FULL_SHARD, Strategy.FSDP_SHARD_GRAD_OP)
@@ -111,7 +111,7 @@ def _emit(rank: int, event: dict) -> None:
         print(json.dumps({**event, "event": "progress"}), flush=True)
 
 
-def run_rank(job: dict, out_dir: Path) -> dict:
+def run_rank(job: dict) -> dict:
     from runners.engines import run_accelerate_loop
     from runners.measure import environment
     from runners.model_factory import build_model, synthetic_batch
@@ -138,7 +138,7 @@ def run_rank(job: dict, out_dir: Path) -> dict:
     counter = CollectiveCounter()
     prepared: dict = {}
     per_step: list[dict] = []
-    marks = [counter.tally.copy()]
+    step_start = counter.tally.copy()
 
     def on_prepared(wrapped, _optimizer) -> None:
         prepared["model"] = wrapped
@@ -146,9 +146,10 @@ def run_rank(job: dict, out_dir: Path) -> dict:
             wrapped.register_comm_hook(None, counter.ddp_hook())
 
     def on_step(step: int, steps: int) -> None:
+        nonlocal step_start
         if step > 1:
-            per_step.append(counter.tally.minus(marks[-1]))
-            marks.append(counter.tally.copy())
+            per_step.append(counter.tally.minus(step_start))
+            step_start = counter.tally.copy()
         _stage_fault(request.inject_fault, rank, f"step {step}")
         _emit(rank, {"stage": "step", "step": step, "steps": steps,
                      "message": f"step {step} of {steps}" + (" (measured)" if step == steps else "")})
@@ -160,7 +161,7 @@ def run_rank(job: dict, out_dir: Path) -> dict:
                             local_sgd_steps=request.local_sgd_steps, progress=on_step,
                             accelerator=accelerator, on_prepared=on_prepared)
     # The last step, and LocalSGD's averaging on leaving its context, come after the loop.
-    per_step.append(counter.tally.minus(marks[-1]))
+    per_step.append(counter.tally.minus(step_start))
     wrapped = prepared["model"]
     digests = [None] * world
     torch.distributed.all_gather_object(digests, parameter_digest(wrapped))
@@ -182,7 +183,6 @@ def run_rank(job: dict, out_dir: Path) -> dict:
         "rank": rank, "world_size": world, "strategy": strategy.value, "backend": accelerator.state.backend,
         "distributed_type": str(accelerator.distributed_type.value), "measured": measured,
         "collectives_per_step": per_step, "collectives_total": counter.tally.to_json(),
-        "ddp_bucket_kind": DDP_BUCKETS,
         "parameter_digest": digests[rank],
         # Sharded strategies hold different shards by design; replicas must be equal otherwise.
         "replicas_equal": None if sharded else len(set(digests)) == 1,
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(Path(argv[0]).read_text())
     out_dir = Path(argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = run_rank(job, out_dir)
+    result = run_rank(job)
     path = out_dir / f"rank{result['rank']}.json"
     path.with_suffix(".tmp").write_text(json.dumps(result))
     path.with_suffix(".tmp").replace(path)  # whole or absent: the launcher never reads half a file

@@ -69,9 +69,14 @@ def available_ram_bytes(meminfo_path: str = MEMINFO) -> int | None:
     return None
 
 
+def ram_needed_for_peak(peak_bytes: int) -> int:
+    """RAM one CPU process with this planner peak needs, safety margin included (module docstring)."""
+    return int(peak_bytes * RAM_SAFETY_FACTOR) + RAM_FIXED_OVERHEAD_BYTES
+
+
 def cpu_ram_needed_bytes(cpu_estimate: Estimate) -> int:
     """RAM a real CPU run of this scenario needs, safety margin included (module docstring)."""
-    return int(cpu_estimate.peak_bytes * RAM_SAFETY_FACTOR) + RAM_FIXED_OVERHEAD_BYTES
+    return ram_needed_for_peak(cpu_estimate.peak_bytes)
 
 
 def cuda_is_available() -> bool:
