@@ -13,7 +13,8 @@ from app_pages.model_cache import cached_model_shape
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.model_shape import ModelShape
-from planner.scenario import Scenario
+from planner.probe.cache import is_ready, probe_progress
+from planner.scenario import Device, Scenario
 
 
 @dataclass(frozen=True)
@@ -42,13 +43,24 @@ def load_context() -> PageContext | None:
         config, name = chosen
         scenario = scenario_for(values)
         shape = cached_model_shape(config, name, scenario)
-        result = estimate(shape, scenario)
+        result = _estimate_with_progress(shape, scenario)
         capacity = capacity_bytes(values)
     except PlannerInputError as error:
         # Bad input is the user's to fix: say what and how, keep the page alive.
         st.error(str(error), icon=":material/error:")
         return None
     return PageContext(values, config, name, shape, scenario, result, capacity)
+
+
+def _estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
+    """A CPU-kernel estimate of a model never probed runs the probe first (seconds): show it."""
+    if scenario.device is not Device.CPU or is_ready(shape, scenario):
+        return estimate(shape, scenario)
+    with st.status(f"Probing {shape.name}'s own training step on fake tensors (once per model and technique)…",
+                   expanded=True) as status, probe_progress(status.write):
+        result = estimate(shape, scenario)
+        status.update(label="Probed the model's own training step", state="complete", expanded=False)
+    return result
 
 
 def model_caption(shape: ModelShape) -> str:

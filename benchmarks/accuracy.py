@@ -117,10 +117,11 @@ def run_one(model: str, mode: Mode, values: dict) -> dict:
         "estimated_phase": planned.peak_phase.value, "measured_phase": measured["peak_phase"],
         "estimated_state_bytes": planned.optimizer_state_bytes,
         "measured_state_bytes": measured["optimizer_state_bytes"], "seconds": round(seconds, 1),
+        "method": planned.confidence.value,
     }
 
 
-def _plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -167,7 +168,7 @@ def main() -> None:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    _plot(rows, RESULTS / "accuracy.png")
+    plot(rows, RESULTS / "accuracy.png")
     errors = [abs(r["error_pct"]) for r in rows]
     lines = ["# Planner accuracy: estimated vs measured peak", "",
              "Command: `python benchmarks/accuracy.py`. Measured: MemTracker over one steady-state step "

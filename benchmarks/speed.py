@@ -1,6 +1,7 @@
-"""Planner speed: start-up (imports + building one model's shapes on the meta device)
-apart from the cost of one estimate once the shapes are loaded, plus a 1,000-line
-`planner batch` run end to end. Writes benchmarks/results/speed.md.
+"""Planner speed: start-up (imports + building one model's shapes on the meta device),
+the first probe of each technique class (CPU kernels; shipped tables and caches bypassed,
+so this is what an uploaded config costs), apart from the cost of one estimate once
+loaded, plus a 1,000-line `planner batch` run end to end. Writes benchmarks/results/speed.md.
 
 Run: python benchmarks/speed.py
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -31,6 +33,14 @@ def _scenarios(task: str) -> list[dict]:
     return out[:1000]
 
 
+def layout_blocks(shape) -> tuple[int, ...]:
+    from planner.probe.run import layout_for
+    from planner.shapes_from_config import load_transformers_config
+
+    config = load_transformers_config(json.loads(shape.source_config), shape.task, shape.num_labels)
+    return layout_for(config).probed
+
+
 def _best_of_three(path: Path) -> float:
     """Wall time of a `planner batch` run, best of three (process start-up is noisy)."""
     times = []
@@ -46,13 +56,27 @@ def main() -> None:
     from planner import Task, estimate, load_model_shape, scenario_from_values
 
     import_s = time.perf_counter() - started
-    rows = []
+    from planner.probe import cache
+
+    cache.SHIPPED_DIR = Path(tempfile.mkdtemp(prefix="no-shipped-"))
+    os.environ["PLANNER_DATA_DIR"] = tempfile.mkdtemp(prefix="planner-speed-")
+    rows, probes = [], []
     for name in MODELS:
         task = Task.SEQUENCE_CLASSIFICATION if name.startswith("distilbert") else Task.CAUSAL_LM
         t0 = time.perf_counter()
         shape = load_model_shape(name, task, 2)
         load_s = time.perf_counter() - t0
         scenarios = [scenario_from_values(**values) for values in _scenarios(task.value)]
+        # First use of each CPU technique class probes it (and each optimizer's step) once.
+        class_s, step_s, seen = [], [], set()
+        for scenario in scenarios:
+            technique, step = cache.technique_key(shape, scenario), cache.step_key(shape, scenario)
+            if scenario.device.value == "cpu" and step not in seen:
+                t1 = time.perf_counter()
+                estimate(shape, scenario)
+                (step_s if technique in seen else class_s).append(time.perf_counter() - t1)
+                seen |= {technique, step}
+        probes.append((name, len(layout_blocks(shape)), class_s, step_s))
         timings = []
         for scenario in scenarios:
             t1 = time.perf_counter()
@@ -81,6 +105,17 @@ def main() -> None:
     lines += [
         "",
         "The first shape build pays for importing torch and transformers; later builds are the meta-device model only.",
+        "",
+        "First load of an uncached config on CPU kernels (shipped tables bypassed): a new technique class costs the "
+        "probe (three fake-tensor steps of the reduced model) and its optimizer's step; another optimizer of a "
+        "class already probed only its step:", "",
+        "| model | probed blocks | new class: median (s) | new class: max (s) | classes | another optimizer: median (s) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, blocks, class_s, step_s in probes:
+        lines.append(f"| {name} | {blocks} | {statistics.median(class_s):.1f} | {max(class_s):.1f} | {len(class_s)} | "
+                     f"{statistics.median(step_s):.1f} |")
+    lines += [
         "",
         f"`python -m planner batch` end to end (llama-2-7b): 1 line {batch_one_s:.2f} s, 1,000 lines {batch_thousand_s:.2f} s: "
         f"the 999 extra scenarios add {max(batch_thousand_s - batch_one_s, 0):.2f} s (best of three runs each).",

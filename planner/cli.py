@@ -12,6 +12,7 @@ from pathlib import Path
 
 from planner.catalog import catalog_entries
 from planner.errors import PlannerInputError
+from planner.probe.cache import probe_progress
 from planner.estimate import Estimate, estimate
 from planner.fit import SHARDING_NOTE, FitResult, FitTarget, smallest_plan
 from planner.gpus import GPUS, gpu_spec, nearest_gpu
@@ -354,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         args = _build_parser().parse_args(argv)
         handler = {"estimate": _run_estimate, "batch": _run_batch, "fit": _run_fit, "report": _run_report,
                    "catalog": _run_catalog}[args.command]
-        return handler(args)
+        # A config never probed before is probed once (seconds): say what is happening.
+        with probe_progress(lambda message: print(f"planner: {message}", file=sys.stderr, flush=True)):
+            return handler(args)
     except PlannerInputError as error:
         print(f"planner: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -22,7 +22,7 @@ from planner.model_shape import ArchFamily, ModelShape
 from planner.optimizer_state import (allocation, optimizer_state_bytes, parameter_bytes_per_element,
                                      parameter_tensor_bytes)
 from planner.optimizer_step import optimizer_step_transient_bytes
-from planner.scenario import Checkpointing, Engine, Optimizer, Precision, Scenario, Task
+from planner.scenario import Attention, Checkpointing, Device, Engine, Optimizer, Precision, Scenario, Task
 
 
 class Phase(enum.Enum):
@@ -32,7 +32,10 @@ class Phase(enum.Enum):
 
 
 class Confidence(enum.Enum):
-    MODELLED = "modelled"  # the family has its own activation recipe
+    """How the estimate was obtained."""
+
+    PROBED = "probed"  # the model's own step on fake tensors (planner.probe), exact in b, s and depth
+    MODELLED = "modelled"  # the family's hand-written activation recipe (CUDA kernels, or the probe failed)
     GENERIC = "generic"  # unknown family: a generic pre-LN decoder recipe stands in
 
 
@@ -148,11 +151,40 @@ def _head_gradient_elements(shape: ModelShape, scenario: Scenario) -> int:
     return max(head, 0)
 
 
+def _probed_phases(shape: ModelShape, scenario: Scenario, weights: int, state: int):
+    """Phases from the model's probed step, or why there is none (planner.probe)."""
+    from planner.probe.cache import probe_table, probed_step_temporaries
+
+    table = probe_table(shape, scenario)
+    if isinstance(table, str):
+        return table
+    walk = table.walk(scenario.batch_size, scenario.seq_len, scenario.grad_accum_steps)
+    step = probed_step_temporaries(shape, scenario)
+    if isinstance(step, str):
+        return f"optimizer step: {step}"
+    phases = (
+        PhaseMemory(Phase.FORWARD, weights, walk.forward.gradients, state, walk.forward.activations,
+                    walk.forward.temporaries),
+        PhaseMemory(Phase.BACKWARD, weights, walk.backward.gradients, state, walk.backward.activations,
+                    walk.backward.temporaries),
+        # What the last backward left (gradients, the outputs the loop keeps) meets the step's temporaries.
+        PhaseMemory(Phase.OPTIMIZER_STEP, weights, walk.end.gradients, state,
+                    walk.end.activations + walk.end.temporaries, step),
+    )
+    return phases, walk.forward_end_activations
+
+
 def check_scenario_fits_model(shape: ModelShape, scenario: Scenario) -> None:
     if shape.max_positions is not None and scenario.seq_len > shape.max_positions:
         raise PlannerInputError(
             f"sequence length {scenario.seq_len:,} exceeds {shape.name}'s {shape.max_positions:,} positions "
             "(max_position_embeddings): use a shorter sequence"
+        )
+    if scenario.attention is Attention.SDPA and not shape.supports_sdpa:
+        # transformers' own refusal (PreTrainedModel._check_and_adjust_sdpa), with what to do.
+        raise PlannerInputError(
+            f"{shape.architecture} does not support an attention implementation through "
+            "torch.nn.functional.scaled_dot_product_attention yet: use --attn eager"
         )
     if scenario.task is not shape.task or (
         scenario.task is Task.SEQUENCE_CLASSIFICATION and scenario.num_labels != shape.num_labels
@@ -259,7 +291,18 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     )
     notes = []
     confidence = Confidence.MODELLED
-    if shape.family is ArchFamily.UNKNOWN:
+    activations_bytes = saved + logits
+    if scenario.device is Device.CPU:
+        probed = _probed_phases(shape, scenario, weights, state)
+        if isinstance(probed, str):
+            notes.append(f"the probe could not run this model ({probed}): the family recipe stands in")
+        else:
+            phases, activations_bytes = probed
+            confidence = Confidence.PROBED
+    else:
+        notes.append("CUDA kernels (1-byte dropout masks, flash/efficient attention) are read from their code: "
+                     "the probe runs CPU kernels")
+    if confidence is not Confidence.PROBED and shape.family is ArchFamily.UNKNOWN:
         confidence = Confidence.GENERIC
         notes.append(f"no activation recipe for model_type {shape.model_type!r}: a generic pre-LayerNorm "
                      "decoder recipe stands in, so activations may be off by tens of percent; measure it with "
@@ -275,7 +318,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         weights_bytes=weights,
         gradients_bytes=gradients,
         optimizer_state_bytes=state,
-        activations_bytes=saved + logits,
+        activations_bytes=activations_bytes,
         phases=phases,
         profile=profile,
         confidence=confidence,

@@ -139,6 +139,9 @@ class ModelShape:
     embedding_elements: int  # nn.Embedding weights: looked up, never multiplied, so autocast never copies them
     embedding_param_names: frozenset[str]  # their parameter names
     fsdp_units: tuple[FsdpUnit, ...]  # in forward order of first use: input embedding, blocks, tail, root
+    source_config: str | None = None  # the config as canonical JSON: what the probe builds
+    sliding_window: int | None = None  # attention window of the layers that have one
+    supports_sdpa: bool = True  # the class's `_supports_sdpa`: transformers refuses attn="sdpa" otherwise
     stats: ParameterStats = field(init=False)
 
     def __post_init__(self) -> None:

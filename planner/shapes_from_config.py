@@ -9,6 +9,7 @@ enabled, so a config can never make us run code from the internet.
 from __future__ import annotations
 
 import copy
+import json
 import warnings
 
 from planner.errors import PlannerInputError
@@ -203,7 +204,22 @@ def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: 
         embedding_elements=embedding_elements,
         embedding_param_names=frozenset(embedding_params),
         fsdp_units=_fsdp_units(model, input_embeddings, output_embeddings, tied),
+        source_config=json.dumps(config_dict, sort_keys=True, default=str),
+        supports_sdpa=bool(getattr(model, "_supports_sdpa", False)),
+        sliding_window=_effective_sliding_window(config),
     )
+
+
+def _effective_sliding_window(config) -> int | None:
+    """The attention window some layer uses, or None: whether a sequence reaches it changes
+    what the mask helpers allocate (masking_utils._ignore_causal_mask_sdpa)."""
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool):
+        return None
+    types = getattr(config, "layer_types", None)
+    if isinstance(types, (list, tuple)):
+        return window if any("sliding" in str(kind) for kind in types) else None
+    return None if getattr(config, "use_sliding_window", True) is False else window
 
 
 def _bottom_up(module) -> list:

@@ -7,7 +7,6 @@ for the child to report as status "oom".
 
 from __future__ import annotations
 
-import contextlib
 import platform
 import time
 from collections.abc import Callable
@@ -64,15 +63,6 @@ def _train(request: VerifyRequest, scenario: Scenario, model, optimizer, batches
                             local_sgd_steps=request.local_sgd_steps, progress=on_step)
 
 
-@contextlib.contextmanager
-def _simulation(fake_mode):
-    """Fake tensors and the patches that keep a simulated run on the real run's path."""
-    from runners.fake_mode_patches import all_ones_padding_masks, scalar_stand_ins
-
-    with fake_mode, scalar_stand_ins(), all_ones_padding_masks():
-        yield
-
-
 def execute(request: VerifyRequest, progress: ProgressSink) -> dict:
     if request.mode is Mode.AUTO:
         raise ValueError("execute() needs a concrete mode: runners.verify resolves auto")
@@ -91,6 +81,7 @@ def execute(request: VerifyRequest, progress: ProgressSink) -> dict:
     if request.mode is Mode.SIMULATE:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
+        from planner.probe.fake_mode import simulation
         from runners.simulate_measure import fake_batches, fake_quantile_maps
 
         fake_mode = FakeTensorMode()
@@ -100,7 +91,7 @@ def execute(request: VerifyRequest, progress: ProgressSink) -> dict:
         optimizer = _optimizer_for(request, scenario, model)
         fake_quantile_maps(optimizer, fake_mode)
         probe = MemTrackerProbe()
-        with _simulation(fake_mode):
+        with simulation(fake_mode):
             _train(request, scenario, model, optimizer, batches, probe, cpu=True, on_step=on_step)
     else:
         if cuda:

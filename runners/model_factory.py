@@ -8,50 +8,9 @@ so a run and an estimate can never disagree about the architecture. Weights are 
 
 from __future__ import annotations
 
-import torch
-
-from planner.scenario import Attention, Checkpointing, Precision, Scenario, Task
-from planner.shapes_from_config import load_transformers_config
-
-_AUTO_CLASS = {
-    Task.SEQUENCE_CLASSIFICATION: "AutoModelForSequenceClassification",
-    Task.CAUSAL_LM: "AutoModelForCausalLM",
-    Task.MASKED_LM: "AutoModelForMaskedLM",
-}
-
-
-def build_model(config_dict: dict, scenario: Scenario, seed: int = 0) -> torch.nn.Module:
-    import transformers
-
-    config = load_transformers_config(config_dict, scenario.task, scenario.num_labels)
-    config.use_cache = False
-    torch.manual_seed(seed)
-    auto_class = getattr(transformers, _AUTO_CLASS[scenario.task])
-    # An explicit dtype: transformers 5 otherwise builds in the config's `torch_dtype`
-    # (float16 for many published configs); training keeps fp32 master weights, or pure
-    # bf16 ones. Built in that dtype rather than converted: a fake-tensor model (simulate
-    # mode) cannot be converted in place.
-    dtype = torch.bfloat16 if scenario.precision is Precision.BF16 else torch.float32
-    model = auto_class.from_config(config, attn_implementation=scenario.attention.value,
-                                   trust_remote_code=False, dtype=dtype)
-    if scenario.checkpointing is Checkpointing.EVERY_LAYER:
-        model.gradient_checkpointing_enable()
-    model.train()
-    return model
-
-
-def synthetic_batch(config_dict: dict, scenario: Scenario, seed: int = 0, device: str = "cpu") -> dict:
-    """input_ids, an all-ones attention_mask (as a real unpadded batch has) and labels."""
-    generator = torch.Generator().manual_seed(seed)
-    vocab = int(config_dict.get("vocab_size", 2))
-    shape = (scenario.batch_size, scenario.seq_len)
-    input_ids = torch.randint(0, vocab, shape, generator=generator)
-    batch = {"input_ids": input_ids, "attention_mask": torch.ones(shape, dtype=torch.long)}
-    if scenario.task is Task.SEQUENCE_CLASSIFICATION:
-        batch["labels"] = torch.randint(0, scenario.num_labels, (scenario.batch_size,), generator=generator)
-    else:
-        batch["labels"] = input_ids.clone()
-    return {k: v.to(device) for k, v in batch.items()}
+# One model factory for verification runs and the planner's probe (beneath both).
+from planner.probe.build import build_model, synthetic_batch  # noqa: F401
+from planner.scenario import Attention, Scenario
 
 
 def uses_sdpa(scenario: Scenario) -> bool:

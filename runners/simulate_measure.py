@@ -4,27 +4,17 @@ Under torch's FakeTensorMode every tensor has a shape, dtype, device and storage
 no data, so MemTracker's bookkeeping is exact and nothing is allocated: a 7B or 70B plan
 can be checked on a laptop (../shared/DESIGN.md, "What measured means"). runners.measure
 runs the real run's own model, batches and engine on fake tensors; what fake tensors
-change about the path taken is undone by runners.fake_mode_patches, so the simulated
+change about the path taken is undone by planner.probe.fake_mode (shared with the probe), so the simulated
 peak equals the real CPU peak to the byte (tests/test_simulate.py).
 """
 
 from __future__ import annotations
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode
 
+from planner.probe.fake_mode import fake_quantile_maps  # noqa: F401  (shared with the probe)
 
-
-def fake_quantile_maps(optimizer, fake_mode: FakeTensorMode) -> None:
-    """bitsandbytes' 8-bit optimizers build their two 256-entry quantile maps in the
-    constructor, as real tensors, and put them into the state at the first step; fake
-    copies keep them countable (they are optimizer state in the real run) and keep the
-    8-bit update kernel's inputs all fake."""
-    qmaps = getattr(optimizer, "name2qmap", None)
-    if qmaps:
-        for name, qmap in qmaps.items():
-            if isinstance(qmap, torch.Tensor) and not isinstance(qmap, FakeTensor):
-                qmaps[name] = fake_mode.from_tensor(qmap)
 
 
 def fake_batches(real_batches: list[dict], fake_mode: FakeTensorMode) -> list[dict]:

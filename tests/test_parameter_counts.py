@@ -4,7 +4,12 @@ Published counts (sum of p.numel() over model.parameters(), tied weights once), 
 model cards / papers: GPT-2 family (OpenAI 2019, HF model cards), Llama 2 (Touvron et al.
 2023, meta-llama cards), Mistral 7B, Llama 3.x (meta-llama cards), TinyLlama, OPT
 (Zhang et al. 2022), Pythia (Biderman et al. 2023, table 1 "total params"), Qwen2.5,
-Gemma, Phi-2, and distilbert-base-cased with the lesson's 2-label head.
+Gemma, Phi-2, and distilbert-base-cased with the lesson's 2-label head. Added with the
+larger catalog: Gemma 2 / Gemma 3 1B, Qwen3, Phi-3(.5)-mini, Mixtral 8x7B, Qwen1.5-MoE
+(model cards, each exact count matching KerasHub's preset metadata), SmolLM2 / SmolLM3,
+OLMoE, Mistral NeMo (hub safetensors metadata), OPT-350M, Pythia-410M / 2.8B (paper
+table 1), GPT-Neo 125M. Where planner/catalog/index.json has no exact count for the class
+the planner builds, the model is not listed here.
 """
 
 import pytest
@@ -28,6 +33,27 @@ PUBLISHED = {
     ("gemma-2b", Task.CAUSAL_LM): 2_506_172_416,
     ("phi-2", Task.CAUSAL_LM): 2_779_683_840,
     ("distilbert-base-cased", Task.SEQUENCE_CLASSIFICATION): 65_783_042,
+    ("gemma-2-2b", Task.CAUSAL_LM): 2_614_341_888,
+    ("gemma-2-9b", Task.CAUSAL_LM): 9_241_705_984,
+    ("gemma-3-1b", Task.CAUSAL_LM): 999_885_952,
+    ("qwen3-0.6b", Task.CAUSAL_LM): 596_049_920,
+    ("qwen3-1.7b", Task.CAUSAL_LM): 1_720_574_976,
+    ("qwen3-4b", Task.CAUSAL_LM): 4_022_468_096,
+    ("qwen3-8b", Task.CAUSAL_LM): 8_190_735_360,
+    ("phi-3-mini-4k-instruct", Task.CAUSAL_LM): 3_821_079_552,
+    ("phi-3.5-mini-instruct", Task.CAUSAL_LM): 3_821_079_552,
+    ("smollm2-135m", Task.CAUSAL_LM): 134_515_008,
+    ("smollm2-360m", Task.CAUSAL_LM): 361_821_120,
+    ("smollm2-1.7b", Task.CAUSAL_LM): 1_711_376_384,
+    ("smollm3-3b", Task.CAUSAL_LM): 3_075_098_624,
+    ("mixtral-8x7b-v0.1", Task.CAUSAL_LM): 46_702_792_704,
+    ("qwen1.5-moe-a2.7b", Task.CAUSAL_LM): 14_315_784_192,
+    ("olmoe-1b-7b", Task.CAUSAL_LM): 6_919_161_856,
+    ("mistral-nemo-12b", Task.CAUSAL_LM): 12_247_782_400,
+    ("opt-350m", Task.CAUSAL_LM): 331_196_416,
+    ("pythia-410m", Task.CAUSAL_LM): 405_334_016,
+    ("pythia-2.8b", Task.CAUSAL_LM): 2_775_208_960,
+    ("gpt-neo-125m", Task.CAUSAL_LM): 125_198_592,
 }
 
 

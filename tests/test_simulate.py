@@ -11,7 +11,7 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
 from conftest import tiny_config
-from runners import fake_mode_patches
+from planner.probe import fake_mode as fake_mode_patches
 from runners.measure import measure_in_process
 from runners.request import Mode
 
@@ -58,7 +58,7 @@ def test_simulated_step_equals_real_cpu_step_to_the_byte(name, task, overrides):
 
 
 def test_without_the_mask_patch_gqa_simulation_takes_another_path(monkeypatch):
-    """Why runners.fake_mode_patches.all_ones_padding_masks exists: without it the fake
+    """Why planner.probe.fake_mode.all_ones_padding_masks exists: without it the fake
     all-ones mask is kept, the K/V heads are repeated and the peak grows. If this starts
     failing after a transformers upgrade, the patch may have become unnecessary (or now
     patches the wrong functions): re-check masking_utils."""

@@ -19,7 +19,7 @@ Two context managers, each active only for the duration of one simulated step:
   being `None`, so it needs no patch. The eager path never drops the causal mask; it only
   combines the padding mask elementwise, which fake tensors do as real ones do.
   Contract: inside this context every fake padding mask is all ones. The simulator only
-  builds batches it has checked to be all ones (`runners.simulate_measure`).
+  builds batches it has checked to be all ones (`the simulator and the probe`).
 
 - `scalar_stand_ins()`: `.item()` on a fake tensor has no value (FakeTensorMode raises
   DataDependentOutputException). torch's Adafactor reads its step counter and parameter /
@@ -96,3 +96,23 @@ def scalar_stand_ins():
     """Enter after (inside) the FakeTensorMode, so `.item()` reaches this mode first."""
     with _ScalarStandIns():
         yield
+
+
+@contextlib.contextmanager
+def simulation(fake_mode):
+    """Fake tensors and the patches that keep a simulated step on the real run's path
+    (the simulate runner and the probe both enter this)."""
+    with fake_mode, scalar_stand_ins(), all_ones_padding_masks():
+        yield
+
+
+def fake_quantile_maps(optimizer, fake_mode) -> None:
+    """bitsandbytes' 8-bit optimizers build their two 256-entry quantile maps in the
+    constructor, as real tensors, and put them into the state at the first step; fake
+    copies keep them countable (they are optimizer state in the real run) and keep the
+    8-bit update kernel's inputs all fake."""
+    qmaps = getattr(optimizer, "name2qmap", None)
+    if qmaps:
+        for name, qmap in qmaps.items():
+            if isinstance(qmap, torch.Tensor) and not isinstance(qmap, FakeTensor):
+                qmaps[name] = fake_mode.from_tensor(qmap)

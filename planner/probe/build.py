@@ -1,0 +1,57 @@
+"""Models and batches for a training step, shared by verification runs and the probe.
+
+A real model with random weights from a config dict (the planner's own config path,
+planner.shapes_from_config.load_transformers_config, so a run, a probe and an estimate can
+never disagree about the architecture), and synthetic batches for it. Weights are seeded;
+`use_cache=False` because a causal LM otherwise keeps a KV cache during training
+(../shared/DESIGN.md, Known facts).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from planner.scenario import Checkpointing, Precision, Scenario, Task
+from planner.shapes_from_config import load_transformers_config
+
+_AUTO_CLASS = {
+    Task.SEQUENCE_CLASSIFICATION: "AutoModelForSequenceClassification",
+    Task.CAUSAL_LM: "AutoModelForCausalLM",
+    Task.MASKED_LM: "AutoModelForMaskedLM",
+}
+
+
+def build_model(config_dict: dict, scenario: Scenario, seed: int = 0, config=None) -> torch.nn.Module:
+    """`config`, when given, is an already loaded (for example depth-reduced) PretrainedConfig."""
+    import transformers
+
+    if config is None:
+        config = load_transformers_config(config_dict, scenario.task, scenario.num_labels)
+    config.use_cache = False
+    torch.manual_seed(seed)
+    auto_class = getattr(transformers, _AUTO_CLASS[scenario.task])
+    # An explicit dtype: transformers 5 otherwise builds in the config's `torch_dtype`
+    # (float16 for many published configs); training keeps fp32 master weights, or pure
+    # bf16 ones. Built in that dtype rather than converted: a fake-tensor model (simulate
+    # mode) cannot be converted in place.
+    dtype = torch.bfloat16 if scenario.precision is Precision.BF16 else torch.float32
+    model = auto_class.from_config(config, attn_implementation=scenario.attention.value,
+                                   trust_remote_code=False, dtype=dtype)
+    if scenario.checkpointing is Checkpointing.EVERY_LAYER:
+        model.gradient_checkpointing_enable()
+    model.train()
+    return model
+
+
+def synthetic_batch(config_dict: dict, scenario: Scenario, seed: int = 0, device: str = "cpu") -> dict:
+    """input_ids, an all-ones attention_mask (as a real unpadded batch has) and labels."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = int(config_dict.get("vocab_size", 2))
+    shape = (scenario.batch_size, scenario.seq_len)
+    input_ids = torch.randint(0, vocab, shape, generator=generator)
+    batch = {"input_ids": input_ids, "attention_mask": torch.ones(shape, dtype=torch.long)}
+    if scenario.task is Task.SEQUENCE_CLASSIFICATION:
+        batch["labels"] = torch.randint(0, scenario.num_labels, (scenario.batch_size,), generator=generator)
+    else:
+        batch["labels"] = input_ids.clone()
+    return {k: v.to(device) for k, v in batch.items()}

@@ -1,0 +1,191 @@
+"""Probe tables by (config, technique class, library versions): in memory, on disk, shipped.
+
+A technique class is what changes the ops of the step: task and labels, precision,
+checkpointing, attention implementation, training loop, and whether the sequence reaches
+a sliding window. Batch, sequence, depth and accumulation are not in it (the table is a
+function of them) and neither is the optimizer (its state and step are exact without a
+probe). Shipped tables live in planner/catalog/probes/, one file per config; computed ones
+in $PLANNER_DATA_DIR/probes or ~/.cache/training-memory-planner/probes. A table is found
+only under the versions of torch, transformers and accelerate it was probed with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from pathlib import Path
+
+from planner.model_shape import ModelShape
+from planner.probe.table import ProbeTable
+from planner.scenario import Checkpointing, Scenario, Task
+
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "catalog" / "probes"
+# Bumped whenever what a probe records or how it is solved changes: older tables are not read.
+PROBE_FORMAT = 2
+_MEMORY: dict[tuple[str, str], ProbeTable | str] = {}  # a str is why the probe cannot run
+_progress: list[Callable[[str], None]] = []
+
+
+@functools.cache
+def library_versions() -> str:
+    return ",".join(f"{name}={metadata.version(name)}" for name in ("torch", "transformers", "accelerate"))
+
+
+@functools.lru_cache(maxsize=256)
+def _digest(source_config: str) -> str:
+    return hashlib.sha256(source_config.encode()).hexdigest()[:20]
+
+
+def config_digest(shape: ModelShape) -> str:
+    return _digest(shape.source_config)
+
+
+def window_exceeded(shape: ModelShape, scenario: Scenario) -> bool:
+    return shape.sliding_window is not None and scenario.seq_len >= shape.sliding_window
+
+
+def technique_key(shape: ModelShape, scenario: Scenario) -> str:
+    labels = scenario.num_labels if scenario.task is Task.SEQUENCE_CLASSIFICATION else 0
+    parts = [scenario.task.value, f"labels={labels}", scenario.precision.value,
+             "checkpointing" if scenario.checkpointing is Checkpointing.EVERY_LAYER else "no-checkpointing",
+             scenario.attention.value, scenario.engine.value,
+             "window-reached" if window_exceeded(shape, scenario) else "within-window",
+             f"probe-format={PROBE_FORMAT}", library_versions()]
+    return "|".join(parts)
+
+
+def _user_dir() -> Path:
+    base = os.environ.get("PLANNER_DATA_DIR")
+    return (Path(base) if base else Path.home() / ".cache" / "training-memory-planner") / "probes"
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@contextlib.contextmanager
+def probe_progress(sink: Callable[[str], None]) -> Iterator[None]:
+    """Send probe progress lines to `sink` while inside (the CLI prints them, the dashboard shows them)."""
+    _progress.append(sink)
+    try:
+        yield
+    finally:
+        _progress.remove(sink)
+
+
+def _report(message: str) -> None:
+    for sink in _progress:
+        sink(message)
+
+
+def _compute(shape: ModelShape, scenario: Scenario, key: str) -> ProbeTable:
+    from planner.probe.run import layout_for, record_probes
+    from planner.probe.solve import solve
+    from planner.shapes_from_config import load_transformers_config
+
+    config_dict = json.loads(shape.source_config)
+    config = load_transformers_config(config_dict, scenario.task, scenario.num_labels)
+    layout = layout_for(config)
+    _report(f"probing {shape.name} ({key.rsplit('|', 1)[0]}): the model's own step on fake tensors")
+    recordings = record_probes(config_dict, config, scenario, layout, window_exceeded(shape, scenario), _report)
+    return solve(recordings, layout, key)
+
+
+def is_ready(shape: ModelShape, scenario: Scenario) -> bool:
+    """True when this scenario's table is in memory or stored: no probe will run."""
+    if shape.source_config is None:
+        return True
+    digest, key = config_digest(shape), technique_key(shape, scenario)
+    return (digest, key) in _MEMORY or any(key in _read(path) for path in
+                                           (SHIPPED_DIR / f"{digest}.json", _user_dir() / f"{digest}.json"))
+
+
+def probe_table(shape: ModelShape, scenario: Scenario) -> ProbeTable | str:
+    """The table for this scenario's technique class, probing once if none is stored;
+    a string says why the model cannot be probed (the caller falls back and says so)."""
+    if shape.source_config is None:
+        return "the model was not built from a config"
+    digest, key = config_digest(shape), technique_key(shape, scenario)
+    found = _MEMORY.get((digest, key))
+    if found is not None:
+        return found
+    for path in (SHIPPED_DIR / f"{digest}.json", _user_dir() / f"{digest}.json"):
+        stored = _read(path).get(key)
+        if stored is not None:
+            table = ProbeTable.from_json(stored)
+            _MEMORY[(digest, key)] = table
+            return table
+    from planner.probe.run import ProbeUnsupported
+
+    try:
+        table = _compute(shape, scenario, key)
+    except ProbeUnsupported as error:
+        _MEMORY[(digest, key)] = str(error)
+        return str(error)
+    except Exception as error:  # the model's own code failed on fake tensors
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+        _MEMORY[(digest, key)] = reason
+        return reason
+    _MEMORY[(digest, key)] = table
+    store(table, _user_dir() / f"{digest}.json")
+    return table
+
+
+def step_key(shape: ModelShape, scenario: Scenario) -> str:
+    labels = scenario.num_labels if scenario.task is Task.SEQUENCE_CLASSIFICATION else 0
+    return "|".join(["optimizer-step", scenario.task.value, f"labels={labels}", scenario.optimizer.value,
+                     scenario.precision.value, scenario.engine.value, f"probe-format={PROBE_FORMAT}",
+                     library_versions()])
+
+
+def probed_step_temporaries(shape: ModelShape, scenario: Scenario) -> int | str:
+    """The optimizer step's temporaries (bytes) from planner.probe.step, or why not."""
+    if shape.source_config is None:
+        return "the model was not built from a config"
+    digest, key = config_digest(shape), step_key(shape, scenario)
+    found = _MEMORY.get((digest, key))
+    if found is not None:
+        return found
+    for path in (SHIPPED_DIR / f"{digest}.json", _user_dir() / f"{digest}.json"):
+        stored = _read(path).get(key)
+        if stored is not None:
+            _MEMORY[(digest, key)] = int(stored["step_temporaries_bytes"])
+            return _MEMORY[(digest, key)]
+    from planner.probe.step import step_temporaries
+
+    _report(f"probing {shape.name}'s {scenario.optimizer.value} step on fake tensors")
+    try:
+        found = step_temporaries(shape, scenario)
+    except Exception as error:  # the optimizer failed on fake tensors
+        found = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+        _MEMORY[(digest, key)] = found
+        return found
+    _MEMORY[(digest, key)] = found
+    _store_entry(key, {"step_temporaries_bytes": found}, _user_dir() / f"{digest}.json")
+    return found
+
+
+def store(table: ProbeTable, path: Path) -> None:
+    """Add `table` to the file of its config."""
+    _store_entry(table.key, table.to_json(), path)
+
+
+def _store_entry(key: str, entry: dict, path: Path) -> None:
+    """Written whole, then renamed: never half a file."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tables = _read(path)
+        tables[key] = entry
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(tables, separators=(",", ":")))
+        temporary.replace(path)
+    except OSError:
+        pass  # an unwritable cache costs a re-probe next time, never the answer

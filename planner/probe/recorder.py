@@ -1,0 +1,132 @@
+"""The probe's recorder: torch's MemTracker, with every change of its live bytes written down.
+
+MemTracker (torch.distributed._tools.mem_tracker) already keeps exact live bytes by
+category (it is the simulate runner's measurement). `Recorder` keeps its accounting
+untouched and adds a trace: each storage MemTracker starts to track gets a creation index
+and the shape of the tensor that created it, and each addition, deletion or category
+change while recording is on becomes one `Event` labelled with where the step is (micro-
+batch, forward or backward, and the block being run, read from MemTracker's ModTracker).
+
+Known limitations: a storage larger than the tensor that created it (an op returning a
+view of a fresh buffer) or a resized storage has no shape-derived size; the recording is
+marked `unsized` and the solver refuses it rather than guessing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from torch.distributed._tools.common_utils import get_untyped_storages
+from torch.distributed._tools.mem_tracker import MemTracker, _UpdateType
+
+# MemTracker's reference types, in the planner's category vocabulary (runners.probes too).
+CATEGORY = {"Parameter": "weights", "Buffer": "weights", "Gradient": "gradients", "Optstate": "optimizer_state",
+            "Activation": "activations", "Temp": "temporaries", "Other": "temporaries"}
+
+
+@dataclass(frozen=True)
+class Event:
+    """One change of live bytes: storage `index` enters (+1) or leaves (-1) `category`."""
+
+    micro_batch: int
+    backward: bool
+    block: int | None  # index of the repeated block being run, None outside the blocks
+    index: int  # creation index of the storage
+    sign: int
+    category: str
+
+
+@dataclass
+class Recording:
+    """What one probe at one (batch, sequence) recorded."""
+
+    batch_size: int
+    seq_len: int
+    sizes: list[tuple[tuple[int, ...], int, int]] = field(default_factory=list)  # per storage: shape, itemsize, bytes
+    live_at_start: list[tuple[int, str]] = field(default_factory=list)  # (index, category), not weights
+    events: list[Event] = field(default_factory=list)
+    unsized: list[str] = field(default_factory=list)
+
+
+class Recorder(MemTracker):
+    """MemTracker that writes down its updates (see the module docstring)."""
+
+    def __init__(self, recording: Recording, block_prefix: str) -> None:
+        super().__init__()
+        self.recording = recording
+        self._block = re.compile(re.escape(block_prefix) + r"\.(\d+)$")
+        self._index: dict[int, int] = {}  # id(winfo) -> creation index
+        self._alive: dict[int, tuple[int, str]] = {}  # id(winfo) -> (index, category)
+        self._winfos: dict[int, object] = {}  # keeps winfo ids unique while they are referenced
+        self.on = False
+        self.micro_batch = 0
+        self.backward = False
+
+    def _update_and_maybe_create_winfos(self, t, reftype, update_existing=False):
+        winfos = super()._update_and_maybe_create_winfos(t, reftype, update_existing)
+        self._note_shape(t)
+        return winfos
+
+    def _track(self, reftype, t) -> None:  # every op's outputs
+        super()._track(reftype, t)
+        self._note_shape(t)
+
+    def _note_shape(self, t) -> None:
+        """The first tensor seen on a new storage is the one that created it."""
+        for storage in get_untyped_storages(t):
+            winfo, _ = self._WINFO.get(storage, (None, None))
+            index = self._index.get(id(winfo)) if winfo is not None else None
+            if index is not None and self.recording.sizes[index][0] is None:
+                nbytes = self.recording.sizes[index][2]
+                self.recording.sizes[index] = (tuple(t.shape), t.element_size(), nbytes)
+                if t.numel() * t.element_size() != nbytes:
+                    self.recording.unsized.append(f"storage {index}: {nbytes} B behind a {tuple(t.shape)} tensor")
+
+    def _label_block(self) -> int | None:
+        found = [int(match.group(1)) for name in self._mod_tracker.parents
+                 if (match := self._block.search(name))]
+        if not found:
+            return None
+        # Forward enters block k before leaving k-1's hooks, backward the other way round.
+        return min(found) if self.backward else max(found)
+
+    def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
+        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+        key = id(winfo)
+        if u_type == _UpdateType.ADD:
+            index = len(self.recording.sizes)
+            self._index[key] = index
+            self._winfos[key] = winfo
+            # The creating tensor's shape is filled in by _update_and_maybe_create_winfos.
+            self.recording.sizes.append((None, winfo.element_size, winfo.mem_consumed))
+            category = CATEGORY[winfo.reftype.value]
+            self._alive[key] = (index, category)
+            self._emit(index, +1, category)
+        elif u_type == _UpdateType.DEL:
+            if key not in self._alive:
+                return
+            index, category = self._alive.pop(key)
+            self._emit(index, -1, category)
+        elif u_type == _UpdateType.REF:
+            if key not in self._alive:  # an empty storage: never counted
+                return
+            index, category = self._alive[key]
+            new_category = CATEGORY[winfo.reftype.value]
+            if new_category != category:
+                self._emit(index, -1, category)
+                self._emit(index, +1, new_category)
+                self._alive[key] = (index, new_category)
+        else:  # a storage resized in place: no creating shape describes it
+            self.recording.unsized.append(f"storage {self._index.get(key)} resized")
+
+    def _emit(self, index: int, sign: int, category: str) -> None:
+        if self.on:
+            self.recording.events.append(Event(self.micro_batch, self.backward, self._label_block(), index, sign,
+                                               category))
+
+    def start(self) -> None:
+        """Recording starts: what is alive now (other than weights) is the step's starting point."""
+        self.recording.live_at_start = [(index, category) for index, category in self._alive.values()
+                                        if category != "weights"]
+        self.on = True

@@ -1,0 +1,206 @@
+"""Running the probe: the model's own training step on fake tensors, at reduced depth and a
+few small (batch, sequence) sizes, recorded allocation by allocation.
+
+A probe builds a copy of the model with fewer blocks at the real widths (the first block,
+two periods of the middle layers' pattern, the last block: four blocks when all layers are
+alike; every block when the real model has no more) and runs, under FakeTensorMode
+(nothing is allocated; cost is per op, not per element):
+  - for the lessons' loop (Engine.ACCELERATE) the previous step's last micro-batch, whose
+    outputs stay bound to `outputs` until the next forward returns, then
+  - two recorded micro-batches with accumulation semantics: the first starts without
+    gradients (zero_grad(set_to_none=True) ended the previous step), the second with all of
+    them (every later micro-batch of an accumulation cycle looks the same).
+The Trainer's loop (Engine.TRAINER) computes the loss in `compute_loss`, so the outputs die
+before backward, and has no outputs carried over. The optimizer step is not run: its
+memory depends on the parameters, not on the batch (planner.optimizer_state and
+planner.optimizer_step hold it exactly).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from planner.probe.recorder import Recorder, Recording
+from planner.scenario import Engine, Precision, Scenario
+
+# (batch, sequence) of the probes. No size is 1 (code may special-case it), and no two
+# candidate dimension formulas (b, s, b*s, s*s, b*s*s, affine in each) agree on all three
+# probes, so each tensor dimension is identified uniquely (planner.probe.solve).
+PROBE_SIZES = ((2, 7), (3, 12), (5, 15))
+SHORT_WINDOW = 4  # a sliding window below every probe length: masks materialise as in a long run
+LONG_WINDOW = 16  # one above every probe length: masks are dropped as in a short run
+
+_MIXED_PRECISION = {Precision.FP32: "no", Precision.BF16: "no", Precision.BF16_MIXED: "bf16",
+                    Precision.FP16_MIXED: "fp16"}
+
+
+class ProbeUnsupported(Exception):
+    """The probe cannot run this model or technique; the message is one line saying why."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which real layer each probed block stands for.
+
+    The probe runs the first block, two periods of the middle layers' pattern (one period
+    when every layer is alike: two middle blocks) and the last block. The first period's
+    blocks stand for one real layer each; the second period's for all later middle layers
+    of their type (planner.probe.solve says why two periods are needed).
+    """
+
+    num_layers: int  # the real model's depth
+    probed: tuple[int, ...]  # real layer index of each probed block
+    stands_for: tuple[int, ...]  # per real layer: the probed block whose memory it repeats
+    period: int  # length of the middle layers' repeating pattern (0: every block probed)
+
+    @property
+    def reduced(self) -> bool:
+        return len(self.probed) < self.num_layers
+
+    def first_period(self) -> set[int]:
+        return set(range(1, self.period + 1)) if self.reduced else set()
+
+    def second_period(self) -> set[int]:
+        return set(range(self.period + 1, 2 * self.period + 1)) if self.reduced else set()
+
+
+MAX_PERIOD = 8  # a longer layer pattern is probed at full depth
+
+
+def _layer_types(config, num_layers: int) -> list | None:
+    types = getattr(config, "layer_types", None)
+    return list(types) if isinstance(types, (list, tuple)) and len(types) == num_layers else None
+
+
+def _period(kinds: list) -> int | None:
+    middle = kinds[1:-1]
+    for period in range(1, MAX_PERIOD + 1):
+        if all(middle[i] == middle[i + period] for i in range(len(middle) - period)):
+            return period
+    return None
+
+
+def layout_for(config) -> Layout:
+    layers = int(config.num_hidden_layers)
+    kinds = _layer_types(config, layers) or ["block"] * layers
+    period = _period(kinds)
+    if period is None or layers <= 2 * period + 2:
+        return Layout(layers, tuple(range(layers)), tuple(range(layers)), 0)
+    probed = tuple([0] + list(range(1, 2 * period + 1)) + [layers - 1])
+    stands_for = [0] + [i if i <= period else period + 1 + (i - 1) % period for i in range(1, layers - 1)]
+    return Layout(layers, probed, tuple(stands_for + [len(probed) - 1]), period)
+
+
+def reduced_config(config, layout: Layout, window_exceeded: bool):
+    """The real config with only the probed blocks; per-layer lists sliced alike."""
+    reduced = copy.deepcopy(config)
+    layers = layout.num_layers
+    if layout.reduced:
+        for name, value in list(vars(reduced).items()):
+            if isinstance(value, list) and len(value) == layers and name not in ("architectures",):
+                setattr(reduced, name, [value[i] for i in layout.probed])
+        reduced.num_hidden_layers = len(layout.probed)
+    if getattr(reduced, "sliding_window", None) is not None:
+        # Only whether the sequence reaches the window changes what is allocated (the
+        # mask is kept, at full s x s size): probe that regime at probe lengths.
+        reduced.sliding_window = SHORT_WINDOW if window_exceeded else max(LONG_WINDOW, reduced.sliding_window)
+    return reduced
+
+
+def block_prefix(model, count: int, real_layers: int) -> str:
+    """Qualified name of the ModuleList holding the `count` probed blocks."""
+    import torch
+
+    outermost = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and not any(name.startswith(o + ".") for o in outermost):
+            outermost.append(name)
+    lengths = {name: len(model.get_submodule(name)) for name in outermost}
+    found = [name for name, length in lengths.items() if length == count]
+    if len(found) != 1:
+        raise ProbeUnsupported(f"cannot tell the repeated blocks apart ({len(found)} module lists of {count})")
+    others = [name for name, length in lengths.items() if name != found[0] and length == real_layers > count]
+    if others:
+        raise ProbeUnsupported(f"a second stack of blocks ({others[0]}) is not reduced with {found[0]}")
+    return found[0]
+
+
+def _fresh_accelerator(precision: Precision):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    return Accelerator(mixed_precision=_MIXED_PRECISION[precision], cpu=True, device_placement=False)
+
+
+def _trainer_loss(model, batch):
+    # Trainer.compute_loss: the outputs are a local of the call and die when it returns.
+    return model(**batch).loss
+
+
+def _record(model, accelerator, fake, prefix: str, scenario: Scenario, batches: list[dict]) -> Recording:
+    """One probe: the step of `scenario`'s loop on `batches` (previous step's last, then two)."""
+    from planner.probe.fake_mode import simulation
+
+    recording = Recording(scenario.batch_size, scenario.seq_len)
+    recorder = Recorder(recording, prefix)
+    recorder.track_external(model)
+    lessons_loop = scenario.engine is Engine.ACCELERATE
+    with simulation(fake), recorder, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outputs = None
+        if lessons_loop:
+            # The previous step's last micro-batch: its outputs outlive its backward.
+            outputs = model(**batches[0])
+            accelerator.backward(outputs.loss)
+            model.zero_grad(set_to_none=True)
+        recorder.start()
+        for micro_batch, batch in enumerate(batches[1:]):
+            recorder.reset_mod_stats()
+            recorder.micro_batch, recorder.backward = micro_batch, False
+            if lessons_loop:
+                outputs = model(**batch)
+                loss = outputs.loss
+            else:
+                loss = _trainer_loss(model, batch)
+            recorder.backward = True
+            accelerator.backward(loss)
+            del loss
+        recorder.on = False
+        del outputs
+        model.zero_grad(set_to_none=True)
+    return recording
+
+
+def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout, window_exceeded: bool,
+                  progress: Callable[[str], None] | None = None) -> list[Recording]:
+    """The three probes of one technique class, at PROBE_SIZES, on one reduced fake model."""
+    import dataclasses
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from planner.probe.build import build_model, synthetic_batch
+
+    fake = FakeTensorMode()
+    with fake, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_model(config_dict, scenario, config=reduced_config(config, layout, window_exceeded))
+    prefix = block_prefix(model, len(layout.probed), layout.num_layers)
+    accelerator = _fresh_accelerator(scenario.precision)
+    model = accelerator.prepare(model)  # autocast and fp32 outputs, as the loops run the model
+    recordings = []
+    for number, (batch, seq) in enumerate(PROBE_SIZES, start=1):
+        if progress is not None:
+            progress(f"probe {number} of {len(PROBE_SIZES)}: batch {batch} x {seq} tokens, "
+                     f"{len(layout.probed)} of {layout.num_layers} blocks")
+        probe_scenario = dataclasses.replace(scenario, batch_size=batch, seq_len=seq, grad_accum_steps=2)
+        batches = [synthetic_batch(config_dict, probe_scenario, seed=seed) for seed in range(3)]
+        if not all(bool((b["attention_mask"] == 1).all()) for b in batches):
+            raise ProbeUnsupported("probe batches must be unpadded")
+        batches = [{name: fake.from_tensor(tensor) for name, tensor in b.items()} for b in batches]
+        recordings.append(_record(model, accelerator, fake, prefix, probe_scenario, batches))
+    return recordings

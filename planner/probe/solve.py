@@ -1,0 +1,257 @@
+"""From three recorded probes to a ProbeTable: every allocation as an exact function of
+batch b and sequence s, every moment's live bytes as a sum of them, cut into segments.
+
+Why this is exact:
+- Fake-tensor runs of one model at different (b, s) execute the same ops in the same order
+  (checked: the three event lists must agree in everything but sizes), so the i-th storage
+  created is the same tensor in every probe.
+- A tensor's bytes are its element size times the product of its dimensions, and each
+  dimension is a constant or a · X + c for one X of b, s, b·s, s², b·s² (heads x sequence,
+  a shifted label length s + 1, a flattened b·s). Three probes determine a and c and check
+  them (two would fit any affine formula); PROBE_SIZES admit no two formulas at once.
+  The product, expanded, is the storage's size as a polynomial in b and s.
+- Depth: the blocks are run one after the other, each creating and freeing the same
+  tensors as any other block of its layer type, so the step of an L-layer model is the
+  probed step with the second period's block segments (forward and backward) repeated
+  for every later middle layer (`_segment_events` names the two patterns where a plain
+  repeat would be wrong, and how the first period detects them). Live bytes within a
+  segment are its starting level plus its own prefix sums; the walk (planner.probe.table)
+  adds them up for the real depth. The first and the last block are probed as themselves
+  (the first's backward also produces the embedding's input gradient; the last's forward
+  is followed by the head).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from planner.probe.recorder import Recording
+from planner.probe.run import Layout, ProbeUnsupported
+from planner.probe.table import CATEGORIES, Poly, ProbeTable, Segment
+
+_MONOMIALS = ((1, 0), (0, 1), (1, 1), (0, 2), (1, 2))  # b, s, b*s, s^2, b*s^2
+
+
+def _dimension_formula(values: tuple[int, ...], sizes: tuple[tuple[int, int], ...]) -> dict[tuple[int, int], int]:
+    """One dimension across the probes as {monomial: coefficient}: constant, or a · X + c."""
+    if len(set(values)) == 1:
+        return {(0, 0): values[0]}
+    found = []
+    for i, j in _MONOMIALS:
+        xs = [b**i * s**j for b, s in sizes]
+        a = Fraction(values[1] - values[0], xs[1] - xs[0])
+        c = values[0] - a * xs[0]
+        if a.denominator == 1 and c.denominator == 1 and all(a * x + c == v for x, v in zip(xs, values)):
+            found.append({(i, j): int(a), (0, 0): int(c)})
+    if len(found) != 1:
+        raise ProbeUnsupported(f"a tensor dimension {values} at probe sizes {sizes} "
+                               f"{'fits no' if not found else 'fits more than one'} size formula")
+    return {k: v for k, v in found[0].items() if v}
+
+
+def _multiply(p: dict, q: dict) -> dict:
+    out: dict[tuple[int, int], int] = {}
+    for (i1, j1), c1 in p.items():
+        for (i2, j2), c2 in q.items():
+            key = (i1 + i2, j1 + j2)
+            out[key] = out.get(key, 0) + c1 * c2
+    return {k: v for k, v in out.items() if v}
+
+
+def _storage_polys(recordings: list[Recording]) -> list[dict]:
+    sizes = tuple((r.batch_size, r.seq_len) for r in recordings)
+    polys = []
+    for entries in zip(*(r.sizes for r in recordings)):
+        shapes = [entry[0] for entry in entries]
+        if any(shape is None for shape in shapes) or len({len(shape) for shape in shapes}) != 1:
+            raise ProbeUnsupported("a storage's creating tensor differs between probes")
+        poly = {(0, 0): entries[0][1]}  # element size
+        for dim_values in zip(*shapes):
+            poly = _multiply(poly, _dimension_formula(tuple(dim_values), sizes))
+        for entry, (b, s) in zip(entries, sizes):
+            if sum(c * b**i * s**j for (i, j), c in poly.items()) != entry[2]:
+                raise ProbeUnsupported("a storage's bytes are not its tensor's size")
+        polys.append(poly)
+    return polys
+
+
+def _add(into: dict, poly: dict, sign: int) -> None:
+    for key, value in poly.items():
+        into[key] = into.get(key, 0) + sign * value
+        if not into[key]:
+            del into[key]
+
+
+def _frozen(poly: dict) -> Poly:
+    return tuple(sorted((i, j, c) for (i, j), c in poly.items()))
+
+
+def _dominates(upper: list[dict], lower: list[dict]) -> bool:
+    """upper >= lower in total for every b, s >= 1: every coefficient of the difference >= 0."""
+    difference: dict = {}
+    for poly in upper:
+        _add(difference, poly, +1)
+    for poly in lower:
+        _add(difference, poly, -1)
+    return all(value >= 0 for value in difference.values())
+
+
+def _sample_total(moment: list[dict]) -> int:
+    # Ordering only (which candidates to compare first): a large scenario.
+    return sum(c * 8**i * 4096**j for poly in moment for (i, j), c in poly.items())
+
+
+def _segment(entries: list, polys) -> Segment:
+    """entries: (event, how many real events it stands for)."""
+    level = [dict() for _ in CATEGORIES]
+    candidates = []
+    for position, (event, weight) in enumerate(entries):
+        _add(level[CATEGORIES.index(event.category)], polys[event.index], event.sign * weight)
+        following = entries[position + 1][0] if position + 1 < len(entries) else None
+        # A high point can only be where live bytes stop growing: before a free or at the end.
+        if event.sign > 0 and (following is None or following.sign < 0):
+            candidates.append([dict(p) for p in level])
+    candidates.sort(key=_sample_total, reverse=True)
+    kept: list[list[dict]] = []
+    for candidate in candidates:
+        if not any(_dominates(other, candidate) for other in kept):
+            kept.append(candidate)
+    return Segment(tuple(_frozen(p) for p in level), tuple(tuple(_frozen(p) for p in c) for c in kept))
+
+
+def _canonical(events: list) -> list:
+    """Frees that happen together come in no fixed order (autocast clears its weight cache,
+    a hash map keyed by address, when the forward returns): sort each run of consecutive
+    frees by storage. Within such a run live bytes only fall, so no high point moves."""
+    out, run = [], []
+    for event in events + [None]:
+        if event is not None and event.sign < 0 and (not run or run[-1][:3] == (event.micro_batch, event.backward,
+                                                                              event.block)):
+            run.append((event.micro_batch, event.backward, event.block, event.index, event))
+            continue
+        out += [entry[-1] for entry in sorted(run, key=lambda entry: entry[3])]
+        run = []
+        if event is not None:
+            if event.sign < 0:
+                run.append((event.micro_batch, event.backward, event.block, event.index, event))
+            else:
+                out.append(event)
+    return out
+
+
+def _check_aligned(recordings: list[Recording]) -> None:
+    for recording in recordings:
+        recording.events = _canonical(recording.events)
+    first = recordings[0]
+    for other in recordings[1:]:
+        if (len(other.sizes) != len(first.sizes) or other.events != first.events
+                or other.live_at_start != first.live_at_start):
+            raise ProbeUnsupported("the model runs different operations at different batch or sequence sizes")
+    for recording in recordings:
+        if recording.unsized:
+            raise ProbeUnsupported(recording.unsized[0])
+
+
+def _segment_events(groups: dict, layout: Layout, live_at_start) -> dict[str, list]:
+    """Each segment's events with how often each counts in the real step, keyed by segment
+    name ("micro:direction:part"; where a second-period block's first real instance differs,
+    that instance's events under "...:first").
+
+    A second-period block stands for n real layers, so its segments repeat n times. That is
+    exact for what a block makes and frees itself (in any of its segments: saved in forward,
+    freed in backward) and for what one block hands to the next, which frees it. Two
+    patterns need more, and the first period tells them apart (its blocks stand for one
+    layer each, and run the same code):
+    - a storage a block makes and a later part of the step frees for every layer at once
+      (autocast's weight copies, freed when the forward returns): its first-period
+      counterpart is freed in the same place. That place frees n of them.
+    - a storage made once (outside the blocks, or by a block not in the second period) that
+      a second-period block frees, not handed over from its neighbour: only the first real
+      instance frees it.
+    """
+    first, second = layout.first_period(), layout.second_period()
+    period = layout.period
+    repeats = {block: layout.stands_for.count(block) for block in second}
+    before = {index for index, _ in live_at_start}
+    made: dict[int, tuple[str, int | None, int]] = {}  # storage -> (group, maker block, ordinal)
+    ordinals: dict[tuple[str, int | None], int] = {}
+    freed_in: dict[int, tuple[str, str]] = {}  # storage -> (group, part) of its first removal
+    for group, runs in groups.items():
+        for part, events in runs:
+            for event in events:
+                if event.sign > 0 and event.index not in before and event.index not in made:
+                    ordinal = ordinals.get((group, event.block), 0)
+                    ordinals[(group, event.block)] = ordinal + 1
+                    made[event.index] = (group, event.block, ordinal)
+                elif event.sign < 0:  # the last removal is the free (earlier ones change category)
+                    freed_in[event.index] = (group, part)
+    by_role = {role: index for index, role in made.items()}
+
+    def block_of(part: str) -> int | None:
+        return None if part == "outside" else int(part)
+
+    out: dict[str, list] = {}
+    for group, runs in groups.items():
+        for part, events in runs:
+            runner = block_of(part)
+            every, first_only = [], []
+            for event in events:
+                origin = made.get(event.index)
+                maker = origin[1] if origin is not None else None
+                weight, once = 1, False
+                if origin is None or maker is None:  # alive before the step, or made outside the blocks
+                    once = runner in second
+                elif maker == runner:
+                    pass
+                elif maker in second:
+                    counterpart = by_role.get((origin[0], maker - period, origin[2]))
+                    if counterpart is None:
+                        raise ProbeUnsupported(f"blocks {maker - period} and {maker} make different tensors")
+                    if freed_in.get(counterpart) == (group, part):
+                        weight = repeats[maker]  # freed here for every real layer at once
+                elif runner in second and abs(runner - maker) != 1:
+                    once = True
+                entry = (event, weight)
+                first_only.append(entry)
+                if not once:
+                    every.append(entry)
+            out[f"{group}:{part}"] = every
+            if len(every) != len(first_only):
+                out[f"{group}:{part}:first"] = first_only
+    return out
+
+
+def solve(recordings: list[Recording], layout: Layout, key: str) -> ProbeTable:
+    _check_aligned(recordings)
+    polys = _storage_polys(recordings)
+    weights = [e for e in recordings[0].events if e.category in ("weights", "optimizer_state")]
+    if weights:
+        raise ProbeUnsupported(f"the step created {weights[0].category} (storage {weights[0].index})")
+    initial = [dict() for _ in CATEGORIES]
+    for index, category in recordings[0].live_at_start:
+        if category in CATEGORIES:
+            _add(initial[CATEGORIES.index(category)], polys[index], +1)
+    groups: dict[str, list[tuple[str, list]]] = {}
+    for event in recordings[0].events:
+        group = f"{event.micro_batch}:{'bw' if event.backward else 'fw'}"
+        runs = groups.setdefault(group, [])
+        # Events between blocks belong to the block before them (sticky); those before the
+        # first block of a direction to "outside" (embeddings in forward, loss and head in backward).
+        part = str(event.block) if event.block is not None else (runs[-1][0] if runs else "outside")
+        if not runs or runs[-1][0] != part:
+            runs.append((part, []))
+        runs[-1][1].append(event)
+    count = len(layout.probed)
+    order = {}
+    for group, runs in groups.items():
+        parts = [part for part, _ in runs]
+        blocks = [p for p in parts if p != "outside"]
+        expected = [str(i) for i in (range(count - 1, -1, -1) if group.endswith("bw") else range(count))]
+        if blocks != expected or parts.count("outside") > 1 or ("outside" in parts and parts[0] != "outside"):
+            raise ProbeUnsupported(f"blocks ran out of order in {group}: {parts}")
+        order[group] = tuple(parts)
+    segments = {}
+    for name, variant in _segment_events(groups, layout, recordings[0].live_at_start).items():
+        segments[name] = _segment(variant, polys)
+    return ProbeTable(key=key, num_layers=layout.num_layers, stands_for=layout.stands_for,
+                      initial=tuple(_frozen(p) for p in initial), segments=segments, order=order)

@@ -1,0 +1,66 @@
+"""The optimizer step's temporaries, probed: the real optimizer's steady-state step on the
+reduced model's fake parameters and gradients.
+
+On CPU every optimizer of the product updates one parameter tensor at a time (torch's
+single-tensor loops, transformers' Adafactor, bitsandbytes' blockwise kernels), so what the
+step allocates and frees at its high point belongs to one tensor, and the reduced model
+holds every distinct parameter shape of the real one (same widths; embeddings, head and one
+block of each kind). The Trainer clips gradients first (`max_grad_norm=1.0`): one 0-d norm
+per parameter tensor, alive together; that term is counted for the probed tensors only.
+
+Known limitations: the CUDA default (foreach) updates all tensors at once; its temporaries
+are planner.optimizer_step's, read from the code.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+from planner.model_shape import ModelShape
+from planner.scenario import Engine, Optimizer, Scenario
+
+
+def step_temporaries(shape: ModelShape, scenario: Scenario) -> int:
+    """Peak live bytes above the start of a steady-state optimizer step (bytes)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from planner.probe.build import build_model
+    from planner.probe.fake_mode import fake_quantile_maps, simulation
+    from planner.probe.optimizers import build_optimizer
+    from planner.probe.run import layout_for, reduced_config
+    from planner.shapes_from_config import load_transformers_config
+
+    config_dict = json.loads(shape.source_config)
+    config = load_transformers_config(config_dict, scenario.task, scenario.num_labels)
+    reduced = reduced_config(config, layout_for(config), window_exceeded=False)
+    fake = FakeTensorMode()
+    with fake, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build_model(config_dict, scenario, config=reduced)
+        for parameter in model.parameters():
+            parameter.grad = torch.zeros_like(parameter)
+    optimizer = build_optimizer(model, scenario.optimizer)  # bitsandbytes' constructor: outside fake mode
+    if scenario.engine is Engine.TRAINER and scenario.optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
+        # Trainer.create_optimizer keeps embeddings in 32-bit state.
+        import bitsandbytes as bnb
+
+        manager = bnb.optim.GlobalOptimManager.get_instance()
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding):
+                manager.register_module_override(module, "weight", {"optim_bits": 32})
+    fake_quantile_maps(optimizer, fake)
+    with simulation(fake), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optimizer.step()  # the first step creates the state
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+        with tracker:
+            start = max(snap["Total"] for snap in tracker.get_tracker_snapshot("current").values())
+            if scenario.engine is Engine.TRAINER:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            peak = max(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
+    return peak - start

@@ -1,0 +1,128 @@
+"""A probe's result as exact functions of batch, sequence and depth, and its evaluation.
+
+No torch here: a table is plain data (shipped as JSON for the catalog) and one scenario
+costs a walk over the real model's blocks, microseconds.
+
+A polynomial is a tuple of (i, j, c) terms: c · b^i · s^j bytes. A table holds, for each
+segment of the recorded step (micro-batch, forward or backward, and which block or the
+part before the blocks), its net change of live bytes by category and the candidates for
+its high point (live bytes by category at the moments no other moment dominates for every
+b, s >= 1). The real step is the probed one with each middle block repeated as often as
+the real model has layers of its type (`stands_for`); planner.probe.solve explains why
+that is exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CATEGORIES = ("gradients", "activations", "temporaries")
+Poly = tuple[tuple[int, int, int], ...]
+Bytes = tuple[int, int, int]  # by CATEGORIES
+
+
+def poly_value(poly: Poly, b: int, s: int) -> int:
+    return sum(c * b**i * s**j for i, j, c in poly)
+
+
+@dataclass(frozen=True)
+class Segment:
+    delta: tuple[Poly, Poly, Poly]  # by CATEGORIES
+    candidates: tuple[tuple[Poly, Poly, Poly], ...]  # relative to the segment's start
+
+
+@dataclass(frozen=True)
+class Moment:
+    """Live bytes of the recorded step at one instant, by category (weights and optimizer
+    state are not in the trace: the planner adds them exactly)."""
+
+    gradients: int
+    activations: int
+    temporaries: int
+
+    @property
+    def total(self) -> int:
+        return self.gradients + self.activations + self.temporaries
+
+
+@dataclass(frozen=True)
+class Walk:
+    forward: Moment  # the high point of every forward of the step
+    backward: Moment
+    end: Moment  # after the last backward: what the optimizer step sees
+    forward_end_activations: int  # activations alive when the first micro-batch's forward returns
+
+
+@dataclass(frozen=True)
+class ProbeTable:
+    key: str  # technique class and library versions (planner.probe.cache)
+    num_layers: int
+    stands_for: tuple[int, ...]  # per real layer, the probed block it repeats
+    initial: tuple[Poly, Poly, Poly]  # alive at the start of the step (outputs carried over)
+    segments: dict[str, Segment]  # "micro:direction:part" -> Segment
+    order: dict[str, tuple[str, ...]]  # "micro:direction" -> parts in the probed order
+
+    def _sequence(self, micro: int, backward: bool) -> list[str]:
+        direction = "bw" if backward else "fw"
+        parts = self.order.get(f"{micro}:{direction}", ())
+        head = [p for p in parts if p == "outside"]
+        blocks = [str(i) for i in self.stands_for]
+        return head + (blocks[::-1] if backward else blocks)
+
+    def walk(self, batch: int, seq: int, accumulation_steps: int) -> Walk:
+        values: dict[str, tuple[Bytes, tuple[Bytes, ...]]] = {}
+        for name, segment in self.segments.items():
+            delta = tuple(poly_value(p, batch, seq) for p in segment.delta)
+            candidates = tuple(tuple(poly_value(p, batch, seq) for p in c) for c in segment.candidates)
+            values[name] = (delta, candidates)
+        live = [poly_value(p, batch, seq) for p in self.initial]
+        highs: dict[bool, tuple[int, Bytes]] = {}
+        forward_end = None
+        for micro in ((0,) if accumulation_steps == 1 else (0, 1)):
+            for backward in (False, True):
+                direction = "bw" if backward else "fw"
+                best = highs.get(backward, (-1, (0, 0, 0)))
+                seen = set()
+                for part in self._sequence(micro, backward):
+                    name = f"{micro}:{direction}:{part}"
+                    # A repeated block's first real instance may differ (planner.probe.solve).
+                    entry = values.get(name + ":first") if part not in seen else None
+                    seen.add(part)
+                    entry = entry or values.get(name)
+                    if entry is None:
+                        continue
+                    delta, candidates = entry
+                    base = live[0] + live[1] + live[2]
+                    for candidate in candidates:
+                        total = base + candidate[0] + candidate[1] + candidate[2]
+                        if total > best[0]:
+                            best = (total, (live[0] + candidate[0], live[1] + candidate[1],
+                                            live[2] + candidate[2]))
+                    live = [live[0] + delta[0], live[1] + delta[1], live[2] + delta[2]]
+                highs[backward] = best
+                if micro == 0 and not backward:
+                    forward_end = live[1] + live[2]
+        return Walk(Moment(*highs[False][1]), Moment(*highs[True][1]), Moment(*live), forward_end)
+
+    # JSON: shipped for the catalog, cached for the rest.
+    def to_json(self) -> dict:
+        return {"key": self.key, "num_layers": self.num_layers, "stands_for": list(self.stands_for),
+                "initial": [list(map(list, p)) for p in self.initial],
+                "segments": {name: {"delta": [list(map(list, p)) for p in seg.delta],
+                                    "candidates": [[list(map(list, p)) for p in c] for c in seg.candidates]}
+                             for name, seg in self.segments.items()},
+                "order": {name: list(parts) for name, parts in self.order.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ProbeTable:
+        def poly(terms) -> Poly:
+            return tuple((int(i), int(j), int(c)) for i, j, c in terms)
+
+        def triple(polys) -> tuple[Poly, Poly, Poly]:
+            return tuple(poly(p) for p in polys)
+
+        return cls(key=data["key"], num_layers=int(data["num_layers"]),
+                   stands_for=tuple(int(i) for i in data["stands_for"]), initial=triple(data["initial"]),
+                   segments={name: Segment(triple(seg["delta"]), tuple(triple(c) for c in seg["candidates"]))
+                             for name, seg in data["segments"].items()},
+                   order={name: tuple(parts) for name, parts in data["order"].items()})

@@ -1,0 +1,186 @@
+"""The probe (planner.probe) against measured steps: estimates derived from the model's own
+code, at reduced depth and three small sizes, evaluated at other depths, batches and
+sequence lengths, must match a full-depth measured step (runners: MemTracker on real CPU
+tensors, or under FakeTensorMode, which tests/test_simulate.py shows byte-identical).
+
+Tolerance: 0.1% of the peak, the issue's median bar. The optimizer step's temporaries come
+from planner.optimizer_step, not from the probe; the forward and backward high points are
+the probe's and are checked on their own.
+"""
+
+import os
+import random
+import time
+
+import pytest
+
+from conftest import tiny_config
+from planner.estimate import Confidence, Phase, estimate
+from planner.loading import model_shape_for_config
+from planner.probe.run import ProbeUnsupported
+from planner.probe.solve import _dimension_formula, _dominates
+from planner.scenario import scenario_from_values
+from runners.measure import measure_in_process
+from runners.request import Engine, Mode
+
+TOLERANCE = 0.001
+
+
+@pytest.fixture(autouse=True)
+def _own_probe_cache(tmp_path, monkeypatch):
+    # Fresh probes: never a table another run stored.
+    monkeypatch.setenv("PLANNER_DATA_DIR", str(tmp_path))
+    from planner.probe import cache
+
+    monkeypatch.setattr(cache, "_MEMORY", {})
+
+
+def deep(name: str, layers: int) -> dict:
+    """A tiny config with more blocks than the probe runs (it runs four when all blocks are alike)."""
+    config = tiny_config(name)
+    key = {"tiny-distilbert": "n_layers", "tiny-gpt2": "n_layer"}.get(name, "num_hidden_layers")
+    config[key] = layers
+    return config
+
+
+def _compare(config: dict, values: dict, mode: Mode = Mode.SIMULATE):
+    scenario = scenario_from_values(device="cpu", **values)
+    shape = model_shape_for_config(config, scenario.task, scenario.num_labels, "tiny")
+    estimated = estimate(shape, scenario)
+    assert estimated.confidence is Confidence.PROBED, estimated.notes
+    measured = measure_in_process(config, "tiny", dict(device="cpu", **values), mode,
+                                  engine=Engine(values.get("engine", "accelerate")))["measured"]
+    return estimated, measured
+
+
+def _assert_close(estimated, measured, label: str) -> None:
+    peak = measured["peak_bytes"]
+    error = (estimated.peak_bytes - peak) / peak
+    assert abs(error) <= TOLERANCE, f"{label}: estimated {estimated.peak_bytes:,} B, measured {peak:,} B ({error:+.4%})"
+    phases = {p.phase.value: p.total for p in estimated.phases}
+    for phase in (Phase.FORWARD.value, Phase.BACKWARD.value):
+        got, want = phases[phase], measured["phase_peak_bytes"][phase]
+        assert abs(got - want) <= TOLERANCE * want, f"{label} {phase}: {got:,} B against {want:,} B"
+
+
+CASES = [
+    ("tiny-llama", 6, "causal-lm", {}),
+    ("tiny-llama", 5, "causal-lm", {"precision": "bf16", "optimizer": "sgd"}),
+    ("tiny-llama", 6, "causal-lm", {"precision": "bf16-mixed", "gradient_checkpointing": True}),
+    ("tiny-llama", 5, "causal-lm", {"precision": "bf16", "grad_accum": 3, "attn": "eager"}),
+    ("tiny-gpt2", 5, "causal-lm", {"gradient_checkpointing": True, "grad_accum": 2}),
+    ("tiny-gpt2", 4, "causal-lm", {"precision": "bf16-mixed", "attn": "eager"}),
+    ("tiny-opt", 5, "causal-lm", {"precision": "bf16-mixed"}),
+    ("tiny-neox", 5, "causal-lm", {"gradient_checkpointing": True}),
+    ("tiny-phi", 5, "causal-lm", {"precision": "bf16-mixed", "gradient_checkpointing": True}),
+    ("tiny-distilbert", 6, "sequence-classification", {}),
+    ("tiny-distilbert", 5, "masked-lm", {"precision": "bf16", "gradient_checkpointing": True}),
+]
+
+
+@pytest.mark.parametrize("name,layers,task,overrides", CASES,
+                         ids=[f"{n}x{layers}-{task}-{'-'.join(f'{k}={v}' for k, v in o.items()) or 'fp32'}"
+                              for n, layers, task, o in CASES])
+def test_probe_at_reduced_depth_matches_the_full_depth_step(name, layers, task, overrides):
+    values = dict(task=task, batch_size=3, seq_len=40, **overrides)
+    estimated, measured = _compare(deep(name, layers), values)
+    _assert_close(estimated, measured, name)
+
+
+# Known gap: during its optimizer step a real Trainer holds about 176 KB more temporaries
+# than the probed step (Trainer's clipping + AdamW on the reduced model), on tiny LLaMA
+# shapes of 2 and 4 blocks, fp32 and bf16 autocast alike; the tensor is not found yet.
+TRAINER_STEP_GAP = pytest.mark.xfail(reason="real Trainer optimizer step: ~176 KB of temporaries the probe "
+                                            "of the step does not make (not yet found)", strict=True)
+
+
+@pytest.mark.parametrize("overrides", [pytest.param({}, marks=TRAINER_STEP_GAP),
+                                       {"precision": "bf16-mixed", "grad_accum": 2}])
+def test_probe_of_the_trainer_loop_matches_a_real_trainer_step(overrides):
+    values = dict(task="causal-lm", batch_size=2, seq_len=24, engine="trainer", **overrides)
+    estimated, measured = _compare(deep("tiny-llama", 4), values, Mode.CPU)
+    _assert_close(estimated, measured, "trainer")
+
+
+def test_probe_of_the_trainer_forward_and_backward_match_a_real_trainer_step():
+    values = dict(task="causal-lm", batch_size=2, seq_len=24, engine="trainer")
+    estimated, measured = _compare(deep("tiny-llama", 4), values, Mode.CPU)
+    phases = {p.phase.value: p.total for p in estimated.phases}
+    for phase in (Phase.FORWARD.value, Phase.BACKWARD.value):
+        want = measured["phase_peak_bytes"][phase]
+        assert abs(phases[phase] - want) <= TOLERANCE * want, phase
+
+
+def test_gradients_at_the_end_of_backward_are_every_parameter_gradient():
+    # Depth extrapolation must create exactly the real model's gradients (an independent count).
+    scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=16, device="cpu")
+    shape = model_shape_for_config(deep("tiny-llama", 7), scenario.task, scenario.num_labels, "tiny")
+    result = estimate(shape, scenario)
+    step = next(p for p in result.phases if p.phase is Phase.OPTIMIZER_STEP)
+    assert step.gradients == result.gradients_bytes == 4 * shape.num_parameters
+
+
+def test_a_dimension_is_identified_from_three_probes():
+    sizes = ((2, 7), (3, 12), (5, 15))
+    assert _dimension_formula((2, 3, 5), sizes) == {(1, 0): 1}  # b
+    assert _dimension_formula((8, 13, 16), sizes) == {(0, 1): 1, (0, 0): 1}  # s + 1 (padded labels)
+    assert _dimension_formula((14, 36, 75), sizes) == {(1, 1): 1}  # b * s
+    assert _dimension_formula((7 * 128, 12 * 128, 15 * 128), sizes) == {(0, 1): 128}
+    assert _dimension_formula((64, 64, 64), sizes) == {(0, 0): 64}
+    with pytest.raises(ProbeUnsupported):
+        _dimension_formula((2, 9, 4), sizes)  # no size formula explains it
+
+
+def test_dominance_is_coefficient_wise_for_sizes_of_at_least_one():
+    assert _dominates([{(1, 1): 4, (0, 0): 1}], [{(1, 1): 2, (0, 0): 1}]) is True
+    # 4·b·s >= 2·b·s + 1 for b, s >= 1, but the difference has a negative coefficient: both
+    # are kept, which costs a comparison, never a wrong maximum.
+    assert _dominates([{(1, 1): 4}], [{(1, 1): 2, (0, 0): 1}]) is False
+    assert _dominates([{(0, 2): 1}], [{(0, 1): 1}]) is False
+
+
+def test_one_scenario_costs_well_under_a_millisecond_once_probed():
+    config = deep("tiny-llama", 6)
+    scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=16, device="cpu")
+    shape = model_shape_for_config(config, scenario.task, scenario.num_labels, "tiny")
+    estimate(shape, scenario)  # probes once
+    started = time.perf_counter()
+    for batch in range(1, 51):
+        estimate(shape, scenario_from_values(task="causal-lm", batch_size=batch, seq_len=512, device="cpu"))
+    per_call = (time.perf_counter() - started) / 50
+    assert per_call < 0.005, f"{per_call * 1e6:.0f} µs per estimate"  # the benchmark reports the real figure
+
+
+# Randomized: a fresh seed every run, printed, so a failure names a reproducible case.
+RANDOM_SCENARIOS = int(os.environ.get("PROBE_RANDOM_SCENARIOS", "40"))
+SEED = int(os.environ.get("PROBE_SEED", str(random.SystemRandom().randrange(2**32))))
+FAMILIES = [("tiny-llama", "causal-lm"), ("tiny-gpt2", "causal-lm"), ("tiny-opt", "causal-lm"),
+            ("tiny-neox", "causal-lm"), ("tiny-phi", "causal-lm"), ("tiny-distilbert", "sequence-classification"),
+            ("tiny-distilbert", "masked-lm")]
+
+
+def _random_scenarios(seed: int, count: int) -> list[tuple[str, int, dict]]:
+    rng = random.Random(seed)
+    drawn = []
+    for _ in range(count):
+        name, task = rng.choice(FAMILIES)
+        values = dict(task=task, batch_size=rng.randint(1, 6), seq_len=rng.randint(2, 96),
+                      optimizer=rng.choice(["adamw", "sgd", "adafactor", "hf-adafactor", "adamw8bit"]),
+                      precision=rng.choice(["fp32", "bf16-mixed", "bf16"]),
+                      gradient_checkpointing=rng.random() < 0.4, grad_accum=rng.choice([1, 1, 2, 3]),
+                      attn=rng.choice(["sdpa", "eager"]))
+        drawn.append((name, rng.randint(1, 6), values))
+    return drawn
+
+
+def test_random_scenarios_match_simulated_steps():
+    print(f"\nprobe random scenarios: seed {SEED} (rerun with PROBE_SEED={SEED})")
+    failures = []
+    for number, (name, layers, values) in enumerate(_random_scenarios(SEED, RANDOM_SCENARIOS)):
+        label = f"#{number} {name} x{layers} {values}"
+        try:
+            estimated, measured = _compare(deep(name, layers), values)
+            _assert_close(estimated, measured, label)
+        except AssertionError as error:
+            failures.append(str(error).splitlines()[0])
+    assert not failures, f"seed {SEED}: {len(failures)} of {RANDOM_SCENARIOS} off:\n" + "\n".join(failures)
