@@ -85,6 +85,17 @@ def config_from_hub(model_id: str, timeout_s: float = HUB_TIMEOUT_S, hub_url: st
     return config_from_bytes(data, f"{model_id} config.json")
 
 
+def model_label(config: dict, path: Path) -> str:
+    """What to call a model read from a file: its file name, unless that says only
+    "config.json" (then the config's own `_name_or_path`, else the folder holding it)."""
+    if path.name.lower() != "config.json":
+        return path.name
+    named = config.get("_name_or_path")
+    if isinstance(named, str) and named.strip():
+        return named.strip()[:200]
+    return path.resolve().parent.name or path.name
+
+
 def resolve_config(source: str, base_dir: Path | None = None, allow_hub: bool = False) -> tuple[dict, str]:
     """(config dict, display name) for a catalog name, a path, or a hub id when allow_hub."""
     text = str(source).strip()
@@ -97,7 +108,8 @@ def resolve_config(source: str, base_dir: Path | None = None, allow_hub: bool = 
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         if path.exists() or text.endswith(".json"):
-            return config_from_path(path), path.name
+            config = config_from_path(path)
+            return config, model_label(config, path)
     except PlannerInputError:
         raise
     except (OSError, RuntimeError, ValueError) as error:  # name too long, unreadable, no home for "~user"...

@@ -10,7 +10,6 @@ peak equals the real CPU peak to the byte (tests/test_simulate.py).
 
 from __future__ import annotations
 
-import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from planner.probe.fake_mode import fake_quantile_maps  # noqa: F401  (shared with the probe)

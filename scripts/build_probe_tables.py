@@ -54,7 +54,7 @@ def ship(name: str) -> int:
             if isinstance(step, str):
                 print(f"  {name} {optimizer} {precision}: step not probed ({step})")
                 continue
-            cache._store_entry(cache.step_key(shape, scenario), {"step_temporaries_bytes": step}, path)
+            cache.store_step(shape, scenario, step, path)
             written += 1
     return written
 

@@ -64,3 +64,16 @@ def test_silent_hub_times_out_instead_of_hanging():
     finally:
         server.close()
     assert time.monotonic() - started < 5
+
+
+def test_a_file_called_config_json_is_named_by_its_model(tmp_path, tiny_configs_dir):
+    # The JSON `model` field names the model, never just "config.json".
+    folder = tmp_path / "My-Model"
+    folder.mkdir()
+    data = json.loads((tiny_configs_dir / "tiny-llama.json").read_text())
+    (folder / "config.json").write_text(json.dumps(data))
+    assert resolve_config(str(folder / "config.json"))[1] == "My-Model"
+    (folder / "config.json").write_text(json.dumps(dict(data, _name_or_path="org/tiny-llama")))
+    assert resolve_config(str(folder / "config.json"))[1] == "org/tiny-llama"
+    (tmp_path / "tiny.json").write_text(json.dumps(data))
+    assert resolve_config(str(tmp_path / "tiny.json"))[1] == "tiny.json"

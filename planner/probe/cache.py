@@ -108,35 +108,41 @@ def is_ready(shape: ModelShape, scenario: Scenario) -> bool:
                                            (SHIPPED_DIR / f"{digest}.json", _user_dir() / f"{digest}.json"))
 
 
-def probe_table(shape: ModelShape, scenario: Scenario) -> ProbeTable | str:
-    """The table for this scenario's technique class, probing once if none is stored;
-    a string says why the model cannot be probed (the caller falls back and says so)."""
+def _stored_or_computed(shape: ModelShape, key: str, decode: Callable[[dict], object],
+                        compute: Callable[[], object], encode: Callable[[object], dict]):
+    """Memory, then the shipped file, then the user's cache, else `compute()` (stored for next
+    time); a failure is remembered as the one-line reason, returned as a string."""
     if shape.source_config is None:
         return "the model was not built from a config"
-    digest, key = config_digest(shape), technique_key(shape, scenario)
+    digest = config_digest(shape)
     found = _MEMORY.get((digest, key))
     if found is not None:
         return found
     for path in (SHIPPED_DIR / f"{digest}.json", _user_dir() / f"{digest}.json"):
         stored = _read(path).get(key)
         if stored is not None:
-            table = ProbeTable.from_json(stored)
-            _MEMORY[(digest, key)] = table
-            return table
+            _MEMORY[(digest, key)] = decode(stored)
+            return _MEMORY[(digest, key)]
     from planner.probe.run import ProbeUnsupported
 
     try:
-        table = _compute(shape, scenario, key)
+        found = compute()
     except ProbeUnsupported as error:
-        _MEMORY[(digest, key)] = str(error)
-        return str(error)
+        found = str(error)
     except Exception as error:  # the model's own code failed on fake tensors
-        reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
-        _MEMORY[(digest, key)] = reason
-        return reason
-    _MEMORY[(digest, key)] = table
-    store(table, _user_dir() / f"{digest}.json")
-    return table
+        found = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+    _MEMORY[(digest, key)] = found
+    if not isinstance(found, str):
+        _store_entry(key, encode(found), _user_dir() / f"{digest}.json")
+    return found
+
+
+def probe_table(shape: ModelShape, scenario: Scenario) -> ProbeTable | str:
+    """The table for this scenario's technique class, probing once if none is stored;
+    a string says why the model cannot be probed (the caller falls back and says so)."""
+    key = technique_key(shape, scenario)
+    return _stored_or_computed(shape, key, ProbeTable.from_json, lambda: _compute(shape, scenario, key),
+                               ProbeTable.to_json)
 
 
 def step_key(shape: ModelShape, scenario: Scenario) -> str:
@@ -148,34 +154,23 @@ def step_key(shape: ModelShape, scenario: Scenario) -> str:
 
 def probed_step_temporaries(shape: ModelShape, scenario: Scenario) -> int | str:
     """The optimizer step's temporaries (bytes) from planner.probe.step, or why not."""
-    if shape.source_config is None:
-        return "the model was not built from a config"
-    digest, key = config_digest(shape), step_key(shape, scenario)
-    found = _MEMORY.get((digest, key))
-    if found is not None:
-        return found
-    for path in (SHIPPED_DIR / f"{digest}.json", _user_dir() / f"{digest}.json"):
-        stored = _read(path).get(key)
-        if stored is not None:
-            _MEMORY[(digest, key)] = int(stored["step_temporaries_bytes"])
-            return _MEMORY[(digest, key)]
-    from planner.probe.step import step_temporaries
+    def compute() -> int:
+        from planner.probe.step import step_temporaries
 
-    _report(f"probing {shape.name}'s {scenario.optimizer.value} step on fake tensors")
-    try:
-        found = step_temporaries(shape, scenario)
-    except Exception as error:  # the optimizer failed on fake tensors
-        found = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
-        _MEMORY[(digest, key)] = found
-        return found
-    _MEMORY[(digest, key)] = found
-    _store_entry(key, {"step_temporaries_bytes": found}, _user_dir() / f"{digest}.json")
-    return found
+        _report(f"probing {shape.name}'s {scenario.optimizer.value} step on fake tensors")
+        return step_temporaries(shape, scenario)
+
+    return _stored_or_computed(shape, step_key(shape, scenario), lambda stored: int(stored["step_temporaries_bytes"]),
+                               compute, lambda value: {"step_temporaries_bytes": value})
 
 
 def store(table: ProbeTable, path: Path) -> None:
     """Add `table` to the file of its config."""
     _store_entry(table.key, table.to_json(), path)
+
+
+def store_step(shape: ModelShape, scenario: Scenario, step_bytes: int, path: Path) -> None:
+    _store_entry(step_key(shape, scenario), {"step_temporaries_bytes": step_bytes}, path)
 
 
 def _store_entry(key: str, entry: dict, path: Path) -> None:

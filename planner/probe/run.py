@@ -60,9 +60,6 @@ class Layout:
     def reduced(self) -> bool:
         return len(self.probed) < self.num_layers
 
-    def first_period(self) -> set[int]:
-        return set(range(1, self.period + 1)) if self.reduced else set()
-
     def second_period(self) -> set[int]:
         return set(range(self.period + 1, 2 * self.period + 1)) if self.reduced else set()
 

@@ -169,7 +169,7 @@ def _segment_events(groups: dict, layout: Layout, live_at_start) -> dict[str, li
       a second-period block frees, not handed over from its neighbour: only the first real
       instance frees it.
     """
-    first, second = layout.first_period(), layout.second_period()
+    second = layout.second_period()
     period = layout.period
     repeats = {block: layout.stands_for.count(block) for block in second}
     before = {index for index, _ in live_at_start}
