@@ -35,6 +35,7 @@ class Confidence(enum.Enum):
     """How the estimate was obtained."""
 
     PROBED = "probed"  # the model's own step on fake tensors (planner.probe), exact in b, s and depth
+    PROBED_REAL = "probed-on-real-tensors"  # the same on small real tensors: its code reads tensor values
     MODELLED = "modelled"  # the family's hand-written activation recipe (CUDA kernels, or the probe failed)
     GENERIC = "generic"  # unknown family: a generic pre-LN decoder recipe stands in
 
@@ -171,7 +172,7 @@ def _probed_phases(shape: ModelShape, scenario: Scenario, weights: int, state: i
         PhaseMemory(Phase.OPTIMIZER_STEP, weights, walk.end.gradients, state,
                     walk.end.activations + walk.end.temporaries, step),
     )
-    return phases, walk.forward_end_activations
+    return phases, walk.forward_end_activations, table.on_real_tensors
 
 
 def check_scenario_fits_model(shape: ModelShape, scenario: Scenario) -> None:
@@ -297,12 +298,12 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         if isinstance(probed, str):
             notes.append(f"the probe could not run this model ({probed}): the family recipe stands in")
         else:
-            phases, activations_bytes = probed
-            confidence = Confidence.PROBED
+            phases, activations_bytes, on_real_tensors = probed
+            confidence = Confidence.PROBED_REAL if on_real_tensors else Confidence.PROBED
     else:
         notes.append("CUDA kernels (1-byte dropout masks, flash/efficient attention) are read from their code: "
                      "the probe runs CPU kernels")
-    if confidence is not Confidence.PROBED and shape.family is ArchFamily.UNKNOWN:
+    if confidence not in (Confidence.PROBED, Confidence.PROBED_REAL) and shape.family is ArchFamily.UNKNOWN:
         confidence = Confidence.GENERIC
         notes.append(f"no activation recipe for model_type {shape.model_type!r}: a generic pre-LayerNorm "
                      "decoder recipe stands in, so activations may be off by tens of percent; measure it with "

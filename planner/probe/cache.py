@@ -26,7 +26,7 @@ from planner.scenario import Checkpointing, Scenario, Task
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "catalog" / "probes"
 # Bumped whenever what a probe records or how it is solved changes: older tables are not read.
-PROBE_FORMAT = 2
+PROBE_FORMAT = 3
 _MEMORY: dict[tuple[str, str], ProbeTable | str] = {}  # a str is why the probe cannot run
 _progress: list[Callable[[str], None]] = []
 
@@ -87,7 +87,9 @@ def _report(message: str) -> None:
 
 
 def _compute(shape: ModelShape, scenario: Scenario, key: str) -> ProbeTable:
-    from planner.probe.run import layout_for, record_probes
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    from planner.probe.run import ProbeUnsupported, layout_for, record_probes
     from planner.probe.solve import solve
     from planner.shapes_from_config import load_transformers_config
 
@@ -95,8 +97,31 @@ def _compute(shape: ModelShape, scenario: Scenario, key: str) -> ProbeTable:
     config = load_transformers_config(config_dict, scenario.task, scenario.num_labels)
     layout = layout_for(config)
     _report(f"probing {shape.name} ({key.rsplit('|', 1)[0]}): the model's own step on fake tensors")
-    recordings = record_probes(config_dict, config, scenario, layout, window_exceeded(shape, scenario), _report)
-    return solve(recordings, layout, key)
+    exceeded = window_exceeded(shape, scenario)
+    try:
+        return solve(record_probes(config_dict, config, scenario, layout, exceeded, _report), layout, key)
+    except (DataDependentOutputException, DynamicOutputShapeException) as error:
+        # The model's code reads tensor values (a nonzero() in its loss): real tensors, if they fit.
+        needed = 4 * 4 * _reduced_parameters(shape, len(layout.probed))  # fp32 weights, gradients, init, slack
+        if needed > _available_ram_bytes() // 2:
+            raise ProbeUnsupported(f"the model's code reads tensor values ({type(error).__name__}: "
+                                   f"{str(error).splitlines()[0][:80]}) and its reduced copy needs about "
+                                   f"{needed / 2**30:.1f} GiB to probe on real tensors") from None
+        _report(f"{shape.name} reads tensor values ({type(error).__name__}): probing on small real tensors")
+        recordings = record_probes(config_dict, config, scenario, layout, exceeded, _report, real=True)
+        return solve(recordings, layout, key, on_real_tensors=True)
+
+
+def _reduced_parameters(shape: ModelShape, blocks: int) -> int:
+    per_block = shape.stats.block_elements // max(shape.num_layers, 1)
+    return shape.stats.num_elements - shape.stats.block_elements + per_block * blocks
+
+
+def _available_ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def is_ready(shape: ModelShape, scenario: Scenario) -> bool:

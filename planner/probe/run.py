@@ -18,6 +18,7 @@ planner.optimizer_step hold it exactly).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from collections.abc import Callable
@@ -147,7 +148,7 @@ def _record(model, accelerator, fake, prefix: str, scenario: Scenario, batches: 
     recorder = Recorder(recording, prefix)
     recorder.track_external(model)
     lessons_loop = scenario.engine is Engine.ACCELERATE
-    with simulation(fake), recorder, warnings.catch_warnings():
+    with simulation(fake) if fake is not None else contextlib.nullcontext(), recorder, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         outputs = None
         if lessons_loop:
@@ -174,16 +175,18 @@ def _record(model, accelerator, fake, prefix: str, scenario: Scenario, batches: 
 
 
 def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout, window_exceeded: bool,
-                  progress: Callable[[str], None] | None = None) -> list[Recording]:
-    """The three probes of one technique class, at PROBE_SIZES, on one reduced fake model."""
+                  progress: Callable[[str], None] | None = None, real: bool = False) -> list[Recording]:
+    """The three probes of one technique class, at PROBE_SIZES, on one reduced model: fake,
+    or (`real`, for code that reads tensor values: a `nonzero()` in a loss) real CPU tensors,
+    which MemTracker counts alike (tests/test_simulate.py)."""
     import dataclasses
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from planner.probe.build import build_model, synthetic_batch
 
-    fake = FakeTensorMode()
-    with fake, warnings.catch_warnings():
+    fake = None if real else FakeTensorMode()
+    with fake or contextlib.nullcontext(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = build_model(config_dict, scenario, config=reduced_config(config, layout, window_exceeded))
     prefix = block_prefix(model, len(layout.probed), layout.num_layers)
@@ -198,6 +201,7 @@ def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout,
         batches = [synthetic_batch(config_dict, probe_scenario, seed=seed) for seed in range(3)]
         if not all(bool((b["attention_mask"] == 1).all()) for b in batches):
             raise ProbeUnsupported("probe batches must be unpadded")
-        batches = [{name: fake.from_tensor(tensor) for name, tensor in b.items()} for b in batches]
+        if fake is not None:
+            batches = [{name: fake.from_tensor(tensor) for name, tensor in b.items()} for b in batches]
         recordings.append(_record(model, accelerator, fake, prefix, probe_scenario, batches))
     return recordings

@@ -221,7 +221,7 @@ def _segment_events(groups: dict, layout: Layout, live_at_start) -> dict[str, li
     return out
 
 
-def solve(recordings: list[Recording], layout: Layout, key: str) -> ProbeTable:
+def solve(recordings: list[Recording], layout: Layout, key: str, on_real_tensors: bool = False) -> ProbeTable:
     _check_aligned(recordings)
     polys = _storage_polys(recordings)
     weights = [e for e in recordings[0].events if e.category in ("weights", "optimizer_state")]
@@ -254,4 +254,5 @@ def solve(recordings: list[Recording], layout: Layout, key: str) -> ProbeTable:
     for name, variant in _segment_events(groups, layout, recordings[0].live_at_start).items():
         segments[name] = _segment(variant, polys)
     return ProbeTable(key=key, num_layers=layout.num_layers, stands_for=layout.stands_for,
-                      initial=tuple(_frozen(p) for p in initial), segments=segments, order=order)
+                      initial=tuple(_frozen(p) for p in initial), segments=segments, order=order,
+                      on_real_tensors=on_real_tensors)

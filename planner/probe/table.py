@@ -61,6 +61,7 @@ class ProbeTable:
     initial: tuple[Poly, Poly, Poly]  # alive at the start of the step (outputs carried over)
     segments: dict[str, Segment]  # "micro:direction:part" -> Segment
     order: dict[str, tuple[str, ...]]  # "micro:direction" -> parts in the probed order
+    on_real_tensors: bool = False  # probed on small real tensors: the model's code reads tensor values
 
     def _sequence(self, micro: int, backward: bool) -> list[str]:
         direction = "bw" if backward else "fw"
@@ -111,7 +112,8 @@ class ProbeTable:
                 "segments": {name: {"delta": [list(map(list, p)) for p in seg.delta],
                                     "candidates": [[list(map(list, p)) for p in c] for c in seg.candidates]}
                              for name, seg in self.segments.items()},
-                "order": {name: list(parts) for name, parts in self.order.items()}}
+                "order": {name: list(parts) for name, parts in self.order.items()},
+                "on_real_tensors": self.on_real_tensors}
 
     @classmethod
     def from_json(cls, data: dict) -> ProbeTable:
@@ -125,4 +127,5 @@ class ProbeTable:
                    stands_for=tuple(int(i) for i in data["stands_for"]), initial=triple(data["initial"]),
                    segments={name: Segment(triple(seg["delta"]), tuple(triple(c) for c in seg["candidates"]))
                              for name, seg in data["segments"].items()},
-                   order={name: tuple(parts) for name, parts in data["order"].items()})
+                   order={name: tuple(parts) for name, parts in data["order"].items()},
+                   on_real_tensors=bool(data.get("on_real_tensors", False)))
