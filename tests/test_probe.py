@@ -111,6 +111,34 @@ def test_probe_of_the_trainer_forward_and_backward_match_a_real_trainer_step():
         assert abs(phases[phase] - want) <= TOLERANCE * want, phase
 
 
+# A mixture of experts (OLMoE's shape, 8 experts, top 2): transformers' grouped expert
+# matmul allocates the same whatever the routing, so the probe equals a real run with real
+# routing; in fp32 fake tensors have no kernel for it and the probe runs on real tensors.
+TINY_OLMOE = {"model_type": "olmoe", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 96,
+              "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 4, "num_experts": 8,
+              "num_experts_per_tok": 2, "max_position_embeddings": 512}
+# DeBERTa-v2's classification loss calls nonzero() on the labels: real tensors again.
+TINY_DEBERTA = {"model_type": "deberta-v2", "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 5,
+                "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 256,
+                "relative_attention": True, "position_buckets": 32, "pos_att_type": ["p2c", "c2p"],
+                "position_biased_input": False}
+
+
+@pytest.mark.parametrize("config,task,overrides,method", [
+    (TINY_OLMOE, "causal-lm", {"precision": "bf16"}, Confidence.PROBED),
+    (TINY_OLMOE, "causal-lm", {}, Confidence.PROBED_REAL),
+    (TINY_DEBERTA, "sequence-classification", {"attn": "eager"}, Confidence.PROBED_REAL),
+], ids=["olmoe-bf16-fake", "olmoe-fp32-real", "deberta-real"])
+def test_models_fake_tensors_cannot_run_are_probed_on_real_tensors(config, task, overrides, method):
+    values = dict(task=task, batch_size=2, seq_len=32, device="cpu", **overrides)
+    scenario = scenario_from_values(**values)
+    shape = model_shape_for_config(config, scenario.task, scenario.num_labels, "tiny")
+    estimated = estimate(shape, scenario)
+    assert estimated.confidence is method, estimated.notes
+    measured = measure_in_process(config, "tiny", values, Mode.CPU)["measured"]
+    _assert_close(estimated, measured, str(method))
+
+
 def test_gradients_at_the_end_of_backward_are_every_parameter_gradient():
     # Depth extrapolation must create exactly the real model's gradients (an independent count).
     scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=16, device="cpu")

@@ -87,8 +87,6 @@ def _report(message: str) -> None:
 
 
 def _compute(shape: ModelShape, scenario: Scenario, key: str) -> ProbeTable:
-    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
-
     from planner.probe.run import ProbeUnsupported, layout_for, record_probes
     from planner.probe.solve import solve
     from planner.shapes_from_config import load_transformers_config
@@ -100,14 +98,18 @@ def _compute(shape: ModelShape, scenario: Scenario, key: str) -> ProbeTable:
     exceeded = window_exceeded(shape, scenario)
     try:
         return solve(record_probes(config_dict, config, scenario, layout, exceeded, _report), layout, key)
-    except (DataDependentOutputException, DynamicOutputShapeException) as error:
-        # The model's code reads tensor values (a nonzero() in its loss): real tensors, if they fit.
+    except ProbeUnsupported:
+        raise
+    except Exception as error:
+        # The model's code reads tensor values (a nonzero() in its loss) or has no fake kernel
+        # for this case (a mixture of experts' fp32 grouped matmul): real tensors, if they fit.
         needed = 4 * 4 * _reduced_parameters(shape, len(layout.probed))  # fp32 weights, gradients, init, slack
         if needed > _available_ram_bytes() // 2:
-            raise ProbeUnsupported(f"the model's code reads tensor values ({type(error).__name__}: "
+            raise ProbeUnsupported(f"fake tensors cannot run the model's step ({type(error).__name__}: "
                                    f"{str(error).splitlines()[0][:80]}) and its reduced copy needs about "
                                    f"{needed / 2**30:.1f} GiB to probe on real tensors") from None
-        _report(f"{shape.name} reads tensor values ({type(error).__name__}): probing on small real tensors")
+        _report(f"fake tensors cannot run {shape.name}'s step ({type(error).__name__}): "
+                "probing on small real tensors")
         recordings = record_probes(config_dict, config, scenario, layout, exceeded, _report, real=True)
         return solve(recordings, layout, key, on_real_tensors=True)
 
