@@ -174,6 +174,17 @@ def _record(model, accelerator, fake, prefix: str, scenario: Scenario, batches: 
     return recording
 
 
+def _first_step(model, accelerator, fake, batch: dict) -> None:
+    """One unrecorded step, as a real run's first: what a model creates once (LongRoPE's
+    frequency buffers, lazily built caches) must not shift the first probe's storages."""
+    from planner.probe.fake_mode import simulation
+
+    with simulation(fake) if fake is not None else contextlib.nullcontext(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        accelerator.backward(model(**batch).loss)
+        model.zero_grad(set_to_none=True)
+
+
 def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout, window_exceeded: bool,
                   progress: Callable[[str], None] | None = None, real: bool = False) -> list[Recording]:
     """The three probes of one technique class, at PROBE_SIZES, on one reduced model: fake,
@@ -203,5 +214,7 @@ def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout,
             raise ProbeUnsupported("probe batches must be unpadded")
         if fake is not None:
             batches = [{name: fake.from_tensor(tensor) for name, tensor in b.items()} for b in batches]
+        if number == 1:
+            _first_step(model, accelerator, fake, batches[0])
         recordings.append(_record(model, accelerator, fake, prefix, probe_scenario, batches))
     return recordings
