@@ -139,6 +139,21 @@ def test_models_fake_tensors_cannot_run_are_probed_on_real_tensors(config, task,
     _assert_close(estimated, measured, str(method))
 
 
+# Phi-3's LongRoPE builds frequency buffers on its first forward: the probe's first step
+# must not count them (they once shifted every storage of the first probe).
+TINY_PHI3 = {"model_type": "phi3", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
+             "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 4,
+             "max_position_embeddings": 256, "original_max_position_embeddings": 64,
+             "rope_scaling": {"type": "longrope", "long_factor": [1.5] * 8, "short_factor": [1.0] * 8},
+             "tie_word_embeddings": False, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def test_a_model_that_builds_buffers_on_its_first_forward_is_probed():
+    values = dict(task="causal-lm", batch_size=2, seq_len=40, gradient_checkpointing=True)
+    estimated, measured = _compare(TINY_PHI3, values)
+    _assert_close(estimated, measured, "phi3")
+
+
 def test_gradients_at_the_end_of_backward_are_every_parameter_gradient():
     # Depth extrapolation must create exactly the real model's gradients (an independent count).
     scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=16, device="cpu")
