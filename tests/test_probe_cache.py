@@ -1,0 +1,81 @@
+"""Probe tables as shipped and as cached: what planner/catalog/probes/ ships equals a fresh
+probe under the installed libraries; a cached table is found again; a broken or unwritable
+cache costs a re-probe, never the answer."""
+
+import json
+
+import pytest
+
+from planner.estimate import Confidence, estimate
+from planner.loading import load_model_shape, model_shape_for_config
+from planner.probe import cache
+from planner.probe.cache import SHIPPED_DIR, config_digest, probe_table, technique_key
+from planner.probe.run import layout_for, record_probes
+from planner.probe.solve import solve
+from planner.scenario import Task, scenario_from_values
+from planner.shapes_from_config import load_transformers_config
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLANNER_DATA_DIR", str(tmp_path))
+    monkeypatch.setattr(cache, "_MEMORY", {})
+
+
+def _fresh(shape, scenario):
+    config_dict = json.loads(shape.source_config)
+    config = load_transformers_config(config_dict, scenario.task, scenario.num_labels)
+    layout = layout_for(config)
+    recordings = record_probes(config_dict, config, scenario, layout, cache.window_exceeded(shape, scenario))
+    return solve(recordings, layout, technique_key(shape, scenario))
+
+
+@pytest.mark.parametrize("name,task,precision", [("distilbert-base-cased", Task.SEQUENCE_CLASSIFICATION, "fp32"),
+                                                 ("gpt2", Task.CAUSAL_LM, "bf16-mixed")])
+def test_shipped_table_equals_a_fresh_probe(name, task, precision):
+    shape = load_model_shape(name, task)
+    scenario = scenario_from_values(task=task.value, batch_size=1, seq_len=8, device="cpu", precision=precision)
+    shipped = json.loads((SHIPPED_DIR / f"{config_digest(shape)}.json").read_text())
+    key = technique_key(shape, scenario)
+    assert key in shipped, "scripts/build_probe_tables.py was not re-run for the installed libraries"
+    assert shipped[key] == _fresh(shape, scenario).to_json()
+
+
+def test_every_catalog_model_ships_its_default_table():
+    from planner.catalog import catalog_entries
+
+    missing = []
+    for name, entry in catalog_entries().items():
+        shape = load_model_shape(name, entry.default_task)
+        scenario = scenario_from_values(task=entry.default_task.value, batch_size=1, seq_len=8, device="cpu",
+                                        attn="sdpa" if shape.supports_sdpa else "eager")
+        tables = cache._read(SHIPPED_DIR / f"{config_digest(shape)}.json")
+        if technique_key(shape, scenario) not in tables:
+            missing.append(name)
+    # Mixture-of-experts models cannot be probed on fake tensors yet (the fallback says why).
+    assert all(n.startswith(("mixtral", "qwen1.5-moe", "olmoe")) for n in missing), missing
+
+
+def test_a_probed_table_is_cached_on_disk_and_read_back(tmp_path):
+    from conftest import tiny_config
+
+    scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=16, device="cpu")
+    shape = model_shape_for_config(tiny_config("tiny-gpt2"), scenario.task, 2, "tiny")
+    first = estimate(shape, scenario)
+    assert first.confidence is Confidence.PROBED
+    assert (tmp_path / "probes" / f"{config_digest(shape)}.json").exists()
+    cache._MEMORY.clear()
+    assert probe_table(shape, scenario) == probe_table(shape, scenario)
+    assert estimate(shape, scenario).peak_bytes == first.peak_bytes
+
+
+def test_a_garbage_cache_file_is_probed_again(tmp_path):
+    from conftest import tiny_config
+
+    scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=16, device="cpu")
+    shape = model_shape_for_config(tiny_config("tiny-gpt2"), scenario.task, 2, "tiny")
+    path = tmp_path / "probes" / f"{config_digest(shape)}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    assert estimate(shape, scenario).confidence is Confidence.PROBED
+    assert technique_key(shape, scenario) in json.loads(path.read_text())
