@@ -89,6 +89,12 @@ def main() -> None:
             print(f"    refused: {failures[-1][2]}", flush=True)
             continue
         print(f"    error {rows[-1]['error_pct']:+.4f}% ({rows[-1]['method']}) in {rows[-1]['seconds']} s", flush=True)
+        _write(rows, failures, args, index, started)  # after every scenario: a stopped run keeps its rows
+
+
+def _write(rows: list[dict], failures: list, args, drawn: int, started: float) -> None:
+    if not rows:
+        return
     RESULTS.mkdir(parents=True, exist_ok=True)
     with (RESULTS / "random_differential.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
@@ -99,7 +105,8 @@ def main() -> None:
     families = sorted({load_model_shape(r["model"], Task(r["task"])).model_type for r in rows})
     lines = ["# Randomized differential benchmark: planner against simulated steps", "",
              f"Command: `python benchmarks/random_differential.py --count {args.count} --seed {args.seed} "
-             f"--max-params {args.max_params:g}` ({(time.perf_counter() - started) / 60:.0f} min on 2 CPU cores). "
+             f"--max-params {args.max_params:g}`: the first {drawn} of {args.count} drawn scenarios, "
+             f"{(time.perf_counter() - started) / 60:.0f} min on 2 CPU cores. "
              "Measured: MemTracker over one steady-state step (`simulate`: fake tensors; `cpu`: real tensors, "
              "the Trainer's scenarios). Error = (estimated - measured) / measured.", "",
              f"**{len(rows)} scenarios, {len(families)} model types ({', '.join(families)}), "
