@@ -63,17 +63,15 @@ def _assert_close(estimated, measured, label: str) -> None:
         assert abs(got - want) <= TOLERANCE * want, f"{label} {phase}: {got:,} B against {want:,} B"
 
 
+# fp32 AdamW on each family and many more combinations: the random test below, 40 per run.
 CASES = [
-    ("tiny-llama", 6, "causal-lm", {}),
     ("tiny-llama", 5, "causal-lm", {"precision": "bf16", "optimizer": "sgd"}),
     ("tiny-llama", 6, "causal-lm", {"precision": "bf16-mixed", "gradient_checkpointing": True}),
     ("tiny-llama", 5, "causal-lm", {"precision": "bf16", "grad_accum": 3, "attn": "eager"}),
     ("tiny-gpt2", 5, "causal-lm", {"gradient_checkpointing": True, "grad_accum": 2}),
-    ("tiny-gpt2", 4, "causal-lm", {"precision": "bf16-mixed", "attn": "eager"}),
     ("tiny-opt", 5, "causal-lm", {"precision": "bf16-mixed"}),
     ("tiny-neox", 5, "causal-lm", {"gradient_checkpointing": True}),
     ("tiny-phi", 5, "causal-lm", {"precision": "bf16-mixed", "gradient_checkpointing": True}),
-    ("tiny-distilbert", 6, "sequence-classification", {}),
     ("tiny-distilbert", 5, "masked-lm", {"precision": "bf16", "gradient_checkpointing": True}),
 ]
 
