@@ -21,18 +21,14 @@ from collections.abc import Callable
 import torch
 
 from planner.estimate import Phase
-from planner.scenario import Checkpointing, Optimizer, Precision, Scenario
+from planner.probe.optimizers import TRAINER_OPTIM as _TRAINER_OPTIM  # the Trainer's own optimizers, shared with the probe
+from planner.scenario import Checkpointing, Precision, Scenario
 
 Progress = Callable[[int, int], None]  # (step index from 1, steps)
 
 _MIXED_PRECISION = {Precision.FP32: "no", Precision.BF16: "no", Precision.BF16_MIXED: "bf16",
                     Precision.FP16_MIXED: "fp16"}
 
-# TrainingArguments(optim=...) strings whose optimizer is the planner's; the others are
-# passed to Trainer ready-built (the lesson does so for 8-bit Adam).
-_TRAINER_OPTIM = {Optimizer.ADAMW: "adamw_torch", Optimizer.ADAMW_FUSED: "adamw_torch_fused",
-                  Optimizer.HF_ADAFACTOR: "adafactor",
-                  Optimizer.ADAMW8BIT: "adamw_bnb_8bit", Optimizer.PAGED_ADAMW8BIT: "paged_adamw_8bit"}
 
 
 def fresh_accelerator(scenario: Scenario, cpu: bool, **kwargs):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from planner.model_shape import ModelShape
 from planner.probe.table import ProbeTable
-from planner.scenario import Checkpointing, Scenario, Task
+from planner.scenario import Checkpointing, Engine, Scenario, Task
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "catalog" / "probes"
 # Bumped whenever what a probe records or how it is solved changes: older tables are not read.
@@ -174,9 +174,11 @@ def probe_table(shape: ModelShape, scenario: Scenario) -> ProbeTable | str:
 
 def step_key(shape: ModelShape, scenario: Scenario) -> str:
     labels = scenario.num_labels if scenario.task is Task.SEQUENCE_CLASSIFICATION else 0
+    # "trainer-groups": the Trainer's step is probed with its own parameter groups (since
+    # probe format 3; earlier entries for the Trainer are not read).
+    engine = scenario.engine.value + ("+trainer-groups" if scenario.engine is Engine.TRAINER else "")
     return "|".join(["optimizer-step", scenario.task.value, f"labels={labels}", scenario.optimizer.value,
-                     scenario.precision.value, scenario.engine.value, f"probe-format={PROBE_FORMAT}",
-                     library_versions()])
+                     scenario.precision.value, engine, f"probe-format={PROBE_FORMAT}", library_versions()])
 
 
 def probed_step_temporaries(shape: ModelShape, scenario: Scenario) -> int | str:

@@ -17,6 +17,26 @@ from planner.scenario import Optimizer
 LEARNING_RATE = 1e-4
 WEIGHT_DECAY = 0.01
 
+# TrainingArguments(optim=...) strings whose optimizer is the planner's: with the Trainer
+# these are built by Trainer.create_optimizer (its parameter groups); the others are
+# passed to the Trainer ready-built, as the lesson does for 8-bit Adam.
+TRAINER_OPTIM = {Optimizer.ADAMW: "adamw_torch", Optimizer.ADAMW_FUSED: "adamw_torch_fused",
+                 Optimizer.HF_ADAFACTOR: "adafactor", Optimizer.ADAMW8BIT: "adamw_bnb_8bit",
+                 Optimizer.PAGED_ADAMW8BIT: "paged_adamw_8bit"}
+
+
+def trainer_parameter_groups(model: torch.nn.Module) -> list[dict]:
+    """Trainer.create_optimizer's two groups, in its order: parameters that decay (not
+    norms, not biases: Trainer.get_decay_parameter_names), then the rest. The order
+    matters to memory: a single-tensor loop keeps the previous tensor's temporary alive
+    while it computes the next one's."""
+    from transformers import Trainer
+
+    decay = set(Trainer.get_decay_parameter_names(None, model))
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [{"params": [p for n, p in named if n in decay], "weight_decay": 0.0},
+            {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+
 
 def decay_parameter_groups(model: torch.nn.Module, weight_decay: float = WEIGHT_DECAY) -> list[dict]:
     from transformers.trainer_pt_utils import get_parameter_names
@@ -40,8 +60,10 @@ def reset_bitsandbytes_overrides() -> None:
     bnb.optim.GlobalOptimManager.get_instance().initialize()
 
 
-def build_optimizer(model: torch.nn.Module, optimizer: Optimizer, lr: float = LEARNING_RATE):
-    params = [p for p in model.parameters() if p.requires_grad]
+def build_optimizer(model: torch.nn.Module, optimizer: Optimizer, lr: float = LEARNING_RATE,
+                    groups: list[dict] | None = None):
+    """`groups`, when given, replace the default parameter list (and 8-bit Adam's groups)."""
+    params = groups if groups is not None else [p for p in model.parameters() if p.requires_grad]
     if optimizer is Optimizer.ADAMW:
         return torch.optim.AdamW(params, lr=lr)
     if optimizer is Optimizer.ADAMW_FUSED:
@@ -59,7 +81,7 @@ def build_optimizer(model: torch.nn.Module, optimizer: Optimizer, lr: float = LE
     import bitsandbytes as bnb
 
     reset_bitsandbytes_overrides()
-    groups = decay_parameter_groups(model)
+    groups = groups if groups is not None else decay_parameter_groups(model)
     if optimizer is Optimizer.ADAM8BIT:
         return bnb.optim.Adam8bit(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8)
     if optimizer is Optimizer.ADAMW8BIT:

@@ -5,8 +5,12 @@ On CPU every optimizer of the product updates one parameter tensor at a time (to
 single-tensor loops, transformers' Adafactor, bitsandbytes' blockwise kernels), so what the
 step allocates and frees at its high point belongs to one tensor, and the reduced model
 holds every distinct parameter shape of the real one (same widths; embeddings, head and one
-block of each kind). The Trainer clips gradients first (`max_grad_norm=1.0`): one 0-d norm
-per parameter tensor, alive together; that term is counted for the probed tensors only.
+block of each kind). The loop keeps the previous tensor's temporary alive while it works on
+the next, so the order of the tensors matters: the Trainer's own optimizers take its two
+parameter groups (decaying weights first, norms and biases after), as its
+create_optimizer builds them. The Trainer clips gradients first (`max_grad_norm=1.0`): one
+0-d norm per parameter tensor, alive together; that term is counted for the probed
+tensors only.
 
 Known limitations: the CUDA default (foreach) updates all tensors at once; its temporaries
 are planner.optimizer_step's, read from the code.
@@ -29,7 +33,7 @@ def step_temporaries(shape: ModelShape, scenario: Scenario) -> int:
 
     from planner.probe.build import build_model
     from planner.probe.fake_mode import fake_quantile_maps, simulation
-    from planner.probe.optimizers import build_optimizer
+    from planner.probe.optimizers import TRAINER_OPTIM, build_optimizer, trainer_parameter_groups
     from planner.probe.run import layout_for, reduced_config
     from planner.shapes_from_config import load_transformers_config
 
@@ -42,7 +46,10 @@ def step_temporaries(shape: ModelShape, scenario: Scenario) -> int:
         model = build_model(config_dict, scenario, config=reduced)
         for parameter in model.parameters():
             parameter.grad = torch.zeros_like(parameter)
-    optimizer = build_optimizer(model, scenario.optimizer)  # bitsandbytes' constructor: outside fake mode
+    trainer_built = scenario.engine is Engine.TRAINER and scenario.optimizer in TRAINER_OPTIM
+    groups = trainer_parameter_groups(model) if trainer_built else None
+    # bitsandbytes' constructor runs outside fake mode.
+    optimizer = build_optimizer(model, scenario.optimizer, groups=groups)
     if scenario.engine is Engine.TRAINER and scenario.optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
         # Trainer.create_optimizer keeps embeddings in 32-bit state.
         import bitsandbytes as bnb
