@@ -21,30 +21,11 @@ from collections.abc import Callable
 import torch
 
 from planner.estimate import Phase
+from planner.probe.build import fresh_accelerator  # noqa: F401  (shared with the probe; rank_worker imports it here)
 from planner.probe.optimizers import TRAINER_OPTIM as _TRAINER_OPTIM  # the Trainer's own optimizers, shared with the probe
 from planner.scenario import Checkpointing, Precision, Scenario
 
 Progress = Callable[[int, int], None]  # (step index from 1, steps)
-
-_MIXED_PRECISION = {Precision.FP32: "no", Precision.BF16: "no", Precision.BF16_MIXED: "bf16",
-                    Precision.FP16_MIXED: "fp16"}
-
-
-
-def fresh_accelerator(scenario: Scenario, cpu: bool, **kwargs):
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
-
-    # Accelerate keeps process-wide singletons; a run in a process that ran another
-    # (tests, benchmarks) must not inherit its precision or accumulation settings.
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    # device_placement=False: the caller has put the model and batches where they belong,
-    # and a `.to()` of a fake-tensor model (simulate mode) fails on swapping parameters.
-    return Accelerator(mixed_precision=_MIXED_PRECISION[scenario.precision],
-                       gradient_accumulation_steps=scenario.grad_accum_steps, cpu=cpu, device_placement=False,
-                       **kwargs)
-
 
 def run_accelerate_loop(model, optimizer, batches: list[dict], scenario: Scenario, steps: int, probe,
                         cpu: bool, local_sgd_steps: int | None = None, progress: Progress | None = None,

@@ -55,3 +55,22 @@ def synthetic_batch(config_dict: dict, scenario: Scenario, seed: int = 0, device
     else:
         batch["labels"] = input_ids.clone()
     return {k: v.to(device) for k, v in batch.items()}
+
+
+MIXED_PRECISION = {Precision.FP32: "no", Precision.BF16: "no", Precision.BF16_MIXED: "bf16",
+                   Precision.FP16_MIXED: "fp16"}
+
+
+def fresh_accelerator(scenario: Scenario, cpu: bool, **kwargs):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    # Accelerate keeps process-wide singletons; a run in a process that ran another
+    # (tests, benchmarks) must not inherit its precision or accumulation settings.
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    # device_placement=False: the caller has put the model and batches where they belong,
+    # and a `.to()` of a fake-tensor model (simulate mode) fails on swapping parameters.
+    return Accelerator(mixed_precision=MIXED_PRECISION[scenario.precision],
+                       gradient_accumulation_steps=scenario.grad_accum_steps, cpu=cpu, device_placement=False,
+                       **kwargs)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.probe.recorder import Recorder, Recording
-from planner.scenario import Engine, Precision, Scenario
+from planner.scenario import Engine, Scenario
 
 # (batch, sequence) of the probes. No size is 1 (code may special-case it), and no two
 # candidate dimension formulas (b, s, b*s, s*s, b*s*s, affine in each) agree on all three
@@ -34,8 +34,6 @@ PROBE_SIZES = ((2, 7), (3, 12), (5, 15))
 SHORT_WINDOW = 4  # a sliding window below every probe length: masks materialise as in a long run
 LONG_WINDOW = 16  # one above every probe length: masks are dropped as in a short run
 
-_MIXED_PRECISION = {Precision.FP32: "no", Precision.BF16: "no", Precision.BF16_MIXED: "bf16",
-                    Precision.FP16_MIXED: "fp16"}
 
 
 class ProbeUnsupported(Exception):
@@ -126,15 +124,6 @@ def block_prefix(model, count: int, real_layers: int) -> str:
     return found[0]
 
 
-def _fresh_accelerator(precision: Precision):
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    return Accelerator(mixed_precision=_MIXED_PRECISION[precision], cpu=True, device_placement=False)
-
-
 def _trainer_loss(model, batch):
     # Trainer.compute_loss: the outputs are a local of the call and die when it returns.
     return model(**batch).loss
@@ -194,14 +183,14 @@ def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout,
 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from planner.probe.build import build_model, synthetic_batch
+    from planner.probe.build import build_model, fresh_accelerator, synthetic_batch
 
     fake = None if real else FakeTensorMode()
     with fake or contextlib.nullcontext(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = build_model(config_dict, scenario, config=reduced_config(config, layout, window_exceeded))
     prefix = block_prefix(model, len(layout.probed), layout.num_layers)
-    accelerator = _fresh_accelerator(scenario.precision)
+    accelerator = fresh_accelerator(dataclasses.replace(scenario, grad_accum_steps=1), cpu=True)
     model = accelerator.prepare(model)  # autocast and fp32 outputs, as the loops run the model
     recordings = []
     for number, (batch, seq) in enumerate(PROBE_SIZES, start=1):
