@@ -7,17 +7,21 @@ model has it) and training loop, batch and sequence at random. The lessons' loop
 measured on fake tensors (`simulate`, byte-identical to real CPU tensors,
 tests/test_simulate.py); the Trainer reads loss values with `.item()`, so its scenarios
 run on real CPU tensors, on models small enough for this machine. Each row says how the
-estimate was obtained (`probed`, `modelled`, `generic`). Models the simulator cannot run
-(mixture-of-experts routing is data-dependent under fake tensors) are left out and listed.
-Writes benchmarks/results/random_differential.{md,csv,png}.
+estimate was obtained (`probed`, `modelled`, `generic`). Mixture-of-experts models are
+drawn like the others: transformers' grouped expert matmul allocates the same whatever the
+routing, so fake tensors measure them exactly (planner/probe/fake_mode.py).
+Writes benchmarks/results/random_differential.{md,csv,png} and the run's state
+(random_differential.json) after every scenario; `--resume` replays the same draws and
+goes on after the last one measured, so a long run can span several sittings.
 
-Run: python benchmarks/random_differential.py [--count 300] [--seed S] [--max-params 8e9]
+Run: python benchmarks/random_differential.py [--count 300] [--seed S] [--max-params 8e9] [--resume]
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import random
 import statistics
 import sys
@@ -38,14 +42,14 @@ RESULTS = ROOT / "benchmarks" / "results"
 OPTIMIZERS = ("adamw", "adamw-fused", "adam", "sgd", "adafactor", "hf-adafactor", "adam8bit", "adamw8bit")
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 REAL_CPU_LIMIT = 200_000_000  # parameters: Trainer scenarios run on real tensors
-MOE = ("mixtral", "qwen2_moe", "olmoe")
+STATE = RESULTS / "random_differential.json"
 
 
 def _models(max_params: float) -> list[tuple[str, Task, object]]:
     models = []
     for name, entry in catalog_entries().items():
         shape = load_model_shape(name, entry.default_task)
-        if shape.num_parameters <= max_params and shape.model_type not in MOE:
+        if shape.num_parameters <= max_params:
             tasks = ([Task.SEQUENCE_CLASSIFICATION, Task.MASKED_LM] if entry.family == "encoder"
                      else [Task.CAUSAL_LM])
             models.append((name, tasks, shape))
@@ -73,29 +77,42 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=300)
     parser.add_argument("--seed", type=int, default=random.SystemRandom().randrange(2**32))
     parser.add_argument("--max-params", type=float, default=8e9)
+    parser.add_argument("--resume", action="store_true",
+                        help="go on with the run in random_differential.json (its count, seed and size limit)")
     args = parser.parse_args()
-    rng = random.Random(args.seed)
-    models = _models(args.max_params)
-    print(f"seed {args.seed}: {args.count} scenarios over {len(models)} models", flush=True)
-    rows, failures = [], []
+    state = {"count": args.count, "seed": args.seed, "max_params": args.max_params, "drawn": 0, "minutes": 0.0,
+             "rows": [], "failures": []}
+    if args.resume:
+        state = json.loads(STATE.read_text())
+    rng = random.Random(state["seed"])
+    models = _models(state["max_params"])
+    resumed = f", going on after scenario {state['drawn']}" if args.resume else ""
+    print(f"seed {state['seed']}: {state['count']} scenarios over {len(models)} models{resumed}", flush=True)
     started = time.perf_counter()
-    for index in range(1, args.count + 1):
+    for index in range(1, state["count"] + 1):
         model, mode, values = draw(rng, models)
-        print(f"[{index}/{args.count}] {model} ({mode.value}) {values}", flush=True)
+        if index <= state["drawn"]:
+            continue  # measured in an earlier sitting: the draw is replayed so the sequence stays the same
+        print(f"[{index}/{state['count']}] {model} ({mode.value}) {values}", flush=True)
         try:
-            rows.append(run_one(model, mode, dict(values)))
+            state["rows"].append(run_one(model, mode, dict(values)))
+            print(f"    error {state['rows'][-1]['error_pct']:+.4f}% ({state['rows'][-1]['method']}) "
+                  f"in {state['rows'][-1]['seconds']} s", flush=True)
         except Exception as error:  # a scenario the planner or the runner refuses: listed, not hidden
-            failures.append((model, values, f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"))
-            print(f"    refused: {failures[-1][2]}", flush=True)
-            continue
-        print(f"    error {rows[-1]['error_pct']:+.4f}% ({rows[-1]['method']}) in {rows[-1]['seconds']} s", flush=True)
-        _write(rows, failures, args, index, started)  # after every scenario: a stopped run keeps its rows
+            state["failures"].append([model, values, f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"])
+            print(f"    refused: {state['failures'][-1][2]}", flush=True)
+        state["drawn"] = index
+        state["minutes"] += (time.perf_counter() - started) / 60
+        started = time.perf_counter()
+        _write(state)  # after every scenario: a stopped run keeps its rows and can --resume
 
 
-def _write(rows: list[dict], failures: list, args, drawn: int, started: float) -> None:
+def _write(state: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    STATE.write_text(json.dumps(state, indent=1) + "\n")
+    rows, failures = state["rows"], state["failures"]
     if not rows:
         return
-    RESULTS.mkdir(parents=True, exist_ok=True)
     with (RESULTS / "random_differential.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -104,9 +121,9 @@ def _write(rows: list[dict], failures: list, args, drawn: int, started: float) -
     errors = [abs(r["error_pct"]) for r in rows]
     families = sorted({load_model_shape(r["model"], Task(r["task"])).model_type for r in rows})
     lines = ["# Randomized differential benchmark: planner against simulated steps", "",
-             f"Command: `python benchmarks/random_differential.py --count {args.count} --seed {args.seed} "
-             f"--max-params {args.max_params:g}`: the first {drawn} of {args.count} drawn scenarios, "
-             f"{(time.perf_counter() - started) / 60:.0f} min on 2 CPU cores. "
+             f"Command: `python benchmarks/random_differential.py --count {state['count']} --seed {state['seed']} "
+             f"--max-params {state['max_params']:g}` (then `--resume` until done): the first {state['drawn']} of "
+             f"{state['count']} drawn scenarios, {state['minutes']:.0f} min on 2 CPU cores. "
              "Measured: MemTracker over one steady-state step (`simulate`: fake tensors; `cpu`: real tensors, "
              "the Trainer's scenarios). Error = (estimated - measured) / measured.", "",
              f"**{len(rows)} scenarios, {len(families)} model types ({', '.join(families)}), "

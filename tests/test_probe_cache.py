@@ -52,8 +52,7 @@ def test_every_catalog_model_ships_its_default_table():
         tables = cache._read(SHIPPED_DIR / f"{config_digest(shape)}.json")
         if technique_key(shape, scenario) not in tables:
             missing.append(name)
-    # Mixture-of-experts models cannot be probed on fake tensors yet (the fallback says why).
-    assert all(n.startswith(("mixtral", "qwen1.5-moe", "olmoe")) for n in missing), missing
+    assert not missing, missing
 
 
 def test_a_probed_table_is_cached_on_disk_and_read_back(tmp_path):

@@ -1,6 +1,6 @@
 """What a simulated (FakeTensorMode) training step needs so it takes the real run's path.
 
-Two context managers, each active only for the duration of one simulated step:
+Three context managers, each active only for the duration of one simulated step:
 
 - `all_ones_padding_masks()`: transformers (5.x, masking_utils) decides whether it may drop
   the 2-D `attention_mask` with checks that read its values (`fast_all(padding_mask)`,
@@ -29,6 +29,19 @@ Two context managers, each active only for the duration of one simulated step:
   control flow (how much to allocate, which path to take), and guessing it would silently
   simulate a different run, so it still raises.
 
+- `grouped_mm_in_every_dtype()`: transformers' mixture-of-experts layers (5.x,
+  `integrations.moe.grouped_mm_experts_forward`, the default experts implementation) run
+  `torch._grouped_mm`. Its CPU kernel takes fp32 (and the fp32 weights a bf16-mixed run
+  keeps), but its meta kernel (`torch._meta_registrations._meta_grouped_mm_common`) copies
+  the CUDA kernel's checks and refuses anything but bf16, so fake tensors could not run
+  an fp32 or mixed-precision expert layer. Inside this context a fake `_grouped_mm` of
+  another dtype returns the output the meta kernel builds
+  (`_create_grouped_mm_output_tensor`: the same size rule for all four 2-D/3-D cases,
+  contiguous on a CPU build) in the input's dtype; bf16 still takes the meta kernel. The
+  kernel's inputs are the saved tensors of its backward, so nothing else changes.
+  Routing does not change memory on this path: every token's top-k copies form one
+  (tokens x top_k, width) tensor sorted by expert, whatever the router chooses.
+
 Known limitations: the mask patch targets the SDPA/eager mask helpers of transformers 5.x
 `masking_utils`; other value-reading shortcuts (packed-sequence detection when no
 attention_mask is given, the recurrent-layer mask of hybrid models, the flex-attention
@@ -40,9 +53,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses import fake_impls
+from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 from torch.utils._python_dispatch import TorchDispatchMode
 
 STAND_IN_FLOAT = 1.0  # positive and finite: every Adafactor formula that reads a scalar stays defined
@@ -98,11 +113,49 @@ def scalar_stand_ins():
         yield
 
 
+def _grouped_mm_output(fake_mode, func, mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    if mat_a.dtype == torch.bfloat16 and mat_b.dtype == torch.bfloat16:
+        return NotImplemented  # the meta kernel's own path
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+
+    with in_kernel_invocation_manager(fake_mode):
+        output = _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype)
+    return FakeTensor(fake_mode, output, mat_a.fake_device)
+
+
+@contextlib.contextmanager
+def grouped_mm_in_every_dtype():
+    """Let fake tensors run `torch._grouped_mm` in the dtypes its CPU kernel takes (see module doc)."""
+    grouped_mm = torch.ops.aten._grouped_mm.default
+    if grouped_mm in fake_impls.op_implementations_dict:  # already inside (nested simulations)
+        yield
+        return
+    fake_impls.op_implementations_dict[grouped_mm] = _grouped_mm_output
+    try:
+        yield
+    finally:
+        fake_impls.op_implementations_dict.pop(grouped_mm, None)
+
+
+@contextlib.contextmanager
+def _quiet_fake_kernel_failures():
+    # FakeTensorMode logs a traceback at ERROR level before it raises a failing meta kernel;
+    # the exception itself carries the message, and the caller turns it into one line.
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 @contextlib.contextmanager
 def simulation(fake_mode):
     """Fake tensors and the patches that keep a simulated step on the real run's path
     (the simulate runner and the probe both enter this)."""
-    with fake_mode, scalar_stand_ins(), all_ones_padding_masks():
+    with (fake_mode, scalar_stand_ins(), all_ones_padding_masks(), grouped_mm_in_every_dtype(),
+          _quiet_fake_kernel_failures()):
         yield
 
 
