@@ -65,10 +65,13 @@ def render() -> None:
                                 "tokens/s": st.column_config.NumberColumn(format="%.0f")})
     st.plotly_chart(fit_options_figure(result), width="stretch", key="fit_chart")
 
-    labels = [option_label(rank, option) for rank, option in enumerate(result.options, 1)]
-    choice = st.selectbox("Plan to apply", range(len(labels)), format_func=labels.__getitem__, key="fit_choice")
+    # The labels themselves are the choices (not their positions): after a sidebar change
+    # re-ranks the plans, a remembered label that no longer names an option resets the box
+    # to the new first plan, in the browser too, so the box shows what Apply applies.
+    by_label = {option_label(rank, option): option for rank, option in enumerate(result.options, 1)}
+    chosen = by_label[st.selectbox("Plan to apply", list(by_label), key="fit_choice")]
     st.button("Apply this plan", type="primary", key="fit_apply", on_click=_apply,
-              args=(plan_state(result.options[choice]), applied_plan_note(result.options[choice])))
+              args=(plan_state(chosen), applied_plan_note(chosen)))
     for note in result.notes:
         st.caption(note)
     st.caption(f"Largest batches are the planner's: a measured peak may differ by up to {FIT_ERROR_MARGIN:.0%}; "

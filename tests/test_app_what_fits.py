@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app_pages.fit_view import gpu_for, plan_state, target_for
+from app_pages.fit_view import gpu_for, option_label, plan_state, target_for
 from app_pages.inputs import DEFAULTS, SidebarValues, capacity_bytes, scenario_for
 from planner.fit import find_fits
 from planner.loading import load_model_shape
@@ -53,7 +53,7 @@ def test_apply_writes_the_plan_into_the_sidebar():
     expected = expected_result()
     chosen = plan_state(expected.options[1])
     assert any(at.session_state[key] != value for key, value in chosen.items())
-    at.selectbox(key="fit_choice").set_value(1).run()
+    at.selectbox(key="fit_choice").set_value(option_label(2, expected.options[1])).run()
     at.button(key="fit_apply").click().run()
     assert not at.exception and not at.error
     for key, value in chosen.items():
@@ -83,7 +83,32 @@ def test_several_gpus_rank_sharded_plans_and_say_what_applying_one_means():
     table = at.dataframe[0].value
     assert list(table["strategy"]) == [o.strategy.value for o in expected.options]
     sharded = next(i for i, o in enumerate(expected.options) if o.strategy.value.startswith("fsdp"))
-    at.selectbox(key="fit_choice").set_value(sharded).run()
+    at.selectbox(key="fit_choice").set_value(option_label(sharded + 1, expected.options[sharded])).run()
     at.button(key="fit_apply").click().run()
     assert not at.exception and at.success[0].value.startswith("Plan applied")
     assert "shards the model" in at.info[0].value
+
+
+def shown_in_browser(before, after) -> str:
+    """The label a browser shows in a selectbox after a rerun: the value the server sends
+    when it sets one, else what the same widget showed before (the browser keeps its own
+    selection), else the default of a new widget."""
+    if after.proto.set_value:
+        return after.proto.raw_value
+    if before is not None and before.proto.id == after.proto.id:
+        return shown_in_browser(None, before)
+    return after.options[after.proto.default]
+
+
+def test_plan_to_apply_follows_a_sidebar_change_and_applies_what_it_shows():
+    at = what_fits()
+    before = at.selectbox(key="fit_choice")
+    at.number_input(key="batch_size").set_value(1).run()  # a new target: a new first plan
+    assert not at.exception and not at.error
+    first = expected_result(batch_size=1).options[0]
+    after = at.selectbox(key="fit_choice")
+    assert after.options[0] != before.options[0]
+    assert shown_in_browser(before, after) == option_label(1, first)
+    at.button(key="fit_apply").click().run()
+    for key, value in plan_state(first).items():
+        assert at.session_state[key] == value
