@@ -17,6 +17,7 @@ from app_pages.inputs import (
     PRECISION_LABELS,
     ModelSource,
     default_task,
+    uploaded_task,
 )
 from app_pages.query_state import decode, encode
 from planner.catalog import catalog_entries
@@ -41,6 +42,13 @@ def _follow_default_task() -> None:
     st.session_state["task"] = default_task(st.session_state["catalog_model"])
 
 
+def _follow_uploaded_task() -> None:
+    # A newly uploaded config is planned as the model its `architectures` names.
+    task = uploaded_task(st.session_state.get("config_upload"))
+    if task is not None:
+        st.session_state["task"] = task
+
+
 with st.sidebar:
     st.header("Scenario")
     source = st.radio("Model from", list(MODEL_SOURCE_LABELS), format_func=MODEL_SOURCE_LABELS.get,
@@ -50,7 +58,7 @@ with st.sidebar:
         st.selectbox("Catalog model", list(entries), key="catalog_model", on_change=_follow_default_task,
                      help="Type to search. " + entries[st.session_state["catalog_model"]].description)
     else:
-        st.file_uploader("Model config.json", type=["json"], key="config_upload",
+        st.file_uploader("Model config.json", type=["json"], key="config_upload", on_change=_follow_uploaded_task,
                          help="A transformers config.json: only its shape is read, never any weights.")
     task = st.selectbox("Task", [t.value for t in Task], key="task")
     if task == Task.SEQUENCE_CLASSIFICATION.value:

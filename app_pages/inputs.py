@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 
 from planner.catalog import catalog_config, catalog_entries
 from planner.config_source import config_from_bytes
+from planner.config_task import config_task
 from planner.errors import PlannerInputError
 from planner.scenario import Attention, Device, Optimizer, Precision, Scenario, Task, scenario_from_values
 from planner.units import GIB, MIB
@@ -71,6 +72,18 @@ def default_task(catalog_model: str) -> str:
 class UploadedConfig:
     name: str
     data: bytes
+
+
+def uploaded_task(upload) -> str | None:
+    """The task an uploaded config's `architectures` names; None for no file, a file that
+    does not parse (the page says why) or no known head."""
+    if upload is None:
+        return None
+    try:
+        found = config_task(config_from_bytes(upload.getvalue(), upload.name))
+    except PlannerInputError:
+        return None
+    return found.task.value if found is not None else None
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from app_pages.inputs import SidebarValues, base_values, capacity_bytes, model_config, scenario_for
+from app_pages.inputs import ModelSource, SidebarValues, base_values, capacity_bytes, model_config, scenario_for
 from app_pages.model_cache import cached_model_shape
+from planner.config_task import config_task
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.model_shape import ModelShape
@@ -68,12 +69,27 @@ def model_caption(shape: ModelShape) -> str:
     return f"**{shape.name}**: {shape.architecture}, {shape.num_parameters:,} parameters{positions}"
 
 
+def task_override_note(context: PageContext) -> str | None:
+    """One line when an uploaded config is planned with another task than its `architectures` names."""
+    if context.values.model_source != ModelSource.UPLOAD.value:
+        return None  # a catalog model's task is a choice among equals (an encoder classifies or fills masks)
+    found = config_task(context.config)
+    if found is None or found.task is context.scenario.task:
+        return None
+    return (f"The config's architectures name {found.architecture} ({found.task.value}); planned as "
+            f"{context.scenario.task.value}, the task chosen in the sidebar.")
+
+
 def start_page(title: str) -> PageContext | None:
-    """Every page's opening: its title, the context, and the model line under the title."""
+    """Every page's opening: its title, the context, the model line under the title, and a
+    note when the sidebar's task overrides the uploaded config's."""
     st.title(title)
     context = load_context()
     if context is not None:
         st.caption(model_caption(context.shape))
+        note = task_override_note(context)
+        if note is not None:
+            st.info(note, icon=":material/swap_horiz:")
     return context
 
 

@@ -154,13 +154,26 @@ def test_upload_source_waits_for_a_file_without_an_error():
     assert "Upload" in at.info[0].value
 
 
-def test_uploaded_config_is_estimated():
-    data = (CATALOG_DIR / "opt-125m.json").read_bytes()
+def test_uploaded_config_is_estimated_as_the_task_its_architectures_name():
+    data = (CATALOG_DIR / "opt-125m.json").read_bytes()  # architectures: OPTForCausalLM
     at = upload(run_app(), data)
-    scenario = scenario_from_values(**{key: DEFAULTS[key] for key in SCENARIO_KEYS})
+    assert at.selectbox(key="task").value == "causal-lm"
+    scenario = scenario_from_values(**{key: DEFAULTS[key] for key in SCENARIO_KEYS} | {"task": "causal-lm"})
     shape = model_shape_for_config(json.loads(data), scenario.task, scenario.num_labels, "config.json")
     assert_page_shows(at, estimate(shape, scenario))
-    assert at.caption[0].value.startswith("**config.json**: OPTForSequenceClassification")
+    assert at.caption[0].value.startswith("**config.json**: OPTForCausalLM")
+    assert not [i for i in at.info if "architectures" in i.value]  # planned as the config says: nothing to note
+
+
+def test_a_task_chosen_over_the_uploaded_configs_is_noted():
+    data = (CATALOG_DIR / "mistral-7b-v0.1.json").read_bytes()  # architectures: MistralForCausalLM
+    at = upload(run_app(), data)
+    assert at.caption[0].value.startswith("**config.json**: MistralForCausalLM")
+    at.selectbox(key="task").set_value("sequence-classification").run()
+    assert not at.exception and not at.error
+    assert at.caption[0].value.startswith("**config.json**: MistralForSequenceClassification")
+    assert at.info[0].value == ("The config's architectures name MistralForCausalLM (causal-lm); planned as "
+                                "sequence-classification, the task chosen in the sidebar.")
 
 
 @pytest.mark.parametrize("data", [

@@ -115,8 +115,8 @@ def test_uploaded_config_is_used(page):
     data = (CATALOG_DIR / "opt-125m.json").read_bytes()
     at = upload(app(page), data)
     assert not at.exception and not at.error
-    assert at.caption[0].value.startswith("**config.json**: OPTForSequenceClassification")
-    assert shown_peak(at, page) == expected_peak(page, config=json.loads(data), name="config.json")
+    assert at.caption[0].value.startswith("**config.json**: OPTForCausalLM")  # the task its architectures name
+    assert shown_peak(at, page) == expected_peak(page, config=json.loads(data), name="config.json", task="causal-lm")
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -130,7 +130,7 @@ def test_bad_upload_shows_an_error_and_the_page_recovers(page):
     good = (CATALOG_DIR / "opt-125m.json").read_bytes()
     at = upload(at, good)
     assert not at.exception and not at.error
-    assert shown_peak(at, page) == expected_peak(page, config=json.loads(good), name="config.json")
+    assert shown_peak(at, page) == expected_peak(page, config=json.loads(good), name="config.json", task="causal-lm")
 
 
 # --- Plan page additions ----------------------------------------------------------------------

@@ -9,6 +9,8 @@ import time
 import pytest
 
 from planner.config_source import MAX_CONFIG_BYTES, config_from_bytes, config_from_hub, resolve_config
+from planner.config_task import ConfigTask, config_task
+from planner.scenario import Task
 from planner.errors import PlannerInputError
 
 
@@ -77,3 +79,18 @@ def test_a_file_called_config_json_is_named_by_its_model(tmp_path, tiny_configs_
     assert resolve_config(str(folder / "config.json"))[1] == "org/tiny-llama"
     (tmp_path / "tiny.json").write_text(json.dumps(data))
     assert resolve_config(str(tmp_path / "tiny.json"))[1] == "tiny.json"
+
+
+@pytest.mark.parametrize("architectures,expected", [
+    (["MistralForCausalLM"], ConfigTask(Task.CAUSAL_LM, "MistralForCausalLM")),
+    (["GPT2LMHeadModel"], ConfigTask(Task.CAUSAL_LM, "GPT2LMHeadModel")),
+    (["BertForMaskedLM"], ConfigTask(Task.MASKED_LM, "BertForMaskedLM")),
+    (["ElectraForPreTraining", "RobertaForSequenceClassification"],
+     ConfigTask(Task.SEQUENCE_CLASSIFICATION, "RobertaForSequenceClassification")),
+    (["ElectraForPreTraining"], None),
+    ("LlamaForCausalLM", None),  # not a list: not what save_pretrained writes
+    ([7], None),
+])
+def test_task_from_the_configs_architectures(architectures, expected):
+    assert config_task({"model_type": "x", "architectures": architectures}) == expected
+    assert config_task({"model_type": "x"}) is None
