@@ -10,8 +10,8 @@ import pytest
 
 from planner.config_source import MAX_CONFIG_BYTES, config_from_bytes, config_from_hub, resolve_config
 from planner.config_task import ConfigTask, config_task
-from planner.scenario import Task
 from planner.errors import PlannerInputError
+from planner.scenario import Task
 
 
 def test_upload_of_a_real_config_parses(tiny_configs_dir):
