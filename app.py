@@ -15,6 +15,7 @@ from app_pages.inputs import (
     MODEL_SOURCE_LABELS,
     OPTIMIZER_LABELS,
     PRECISION_LABELS,
+    STRATEGY_LABELS,
     ModelSource,
     default_task,
     uploaded_task,
@@ -81,9 +82,12 @@ with st.sidebar:
         st.number_input("GPU capacity (GiB)", min_value=0.01, step=1.0, format="%.2f", key="gpu_custom_gib")
     else:
         st.caption(f"{format_bytes(GPU_PRESETS[preset])}, as nvidia-smi reports it")
-    st.number_input("Number of GPUs", min_value=1, max_value=4096, step=1, key="gpu_count",
-                    help="Plan and What fits count per GPU with DDP (a full replica and DDP's gradient "
-                         "buckets on each); the Multiple GPUs page compares DDP, ZeRO and FSDP and their traffic.")
+    gpu_count = st.number_input("Number of GPUs", min_value=1, max_value=4096, step=1, key="gpu_count",
+                                help="Every page plans per GPU; the Multiple GPUs page compares the strategies.")
+    if gpu_count > 1:
+        st.selectbox("Strategy", list(STRATEGY_LABELS), format_func=STRATEGY_LABELS.get, key="strategy",
+                     help="What each GPU holds: a full replica (DDP) or a 1/N shard of the optimizer state, "
+                          "gradients and parameters (ZeRO, FSDP).")
 
 # The plan's values in the URL, so the address bar is a shareable link to this plan.
 st.query_params.from_dict(encode({key: st.session_state.get(key) for key in DEFAULTS}))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from planner.estimate import Estimate
+from planner.parallel import ParallelEstimate
 from planner.units import bytes_to_gib, format_bytes
 
 # PhaseMemory field -> label, in the order the planner and the runners list them.
@@ -21,14 +22,27 @@ CATEGORY_LABELS = {
     "activations": "Activations",
     "temporaries": "Temporaries",
 }
+# planner.parallel.DevicePhase adds what communication holds on each GPU.
+DEVICE_CATEGORY_LABELS = {**CATEGORY_LABELS, "communication_buffers": "Communication buffers"}
 PEAK_LABEL = "Peak (total)"
 
 
-def breakdown_table(result: Estimate) -> pd.DataFrame:
-    """One row per category live at the peak, then the peak itself (their sum)."""
+def category_labels(result: Estimate | ParallelEstimate) -> dict[str, str]:
+    """The categories `result`'s phases carry: one device's, or one GPU's under a strategy."""
+    return DEVICE_CATEGORY_LABELS if isinstance(result, ParallelEstimate) else CATEGORY_LABELS
+
+
+def peak_bytes(result: Estimate | ParallelEstimate) -> int:
+    return result.per_device_peak_bytes if isinstance(result, ParallelEstimate) else result.peak_bytes
+
+
+def breakdown_table(result: Estimate | ParallelEstimate) -> pd.DataFrame:
+    """One row per category live at the peak (of one device, or of one GPU under a
+    strategy), then the peak itself (their sum)."""
     peak = result.peak
-    labels = [*CATEGORY_LABELS.values(), PEAK_LABEL]
-    sizes = [getattr(peak, field) for field in CATEGORY_LABELS] + [peak.total]
+    categories = category_labels(result)
+    labels = [*categories.values(), PEAK_LABEL]
+    sizes = [getattr(peak, field) for field in categories] + [peak.total]
     return pd.DataFrame({
         "category": labels,
         "bytes": pd.Series(sizes, dtype="int64"),
@@ -64,5 +78,5 @@ class Verdict:
                 f"the {capacity} by {-self.margin_gib:,.2f} GiB.")
 
 
-def verdict_for(result: Estimate, capacity_bytes: int) -> Verdict:
-    return Verdict(peak_bytes=result.peak_bytes, capacity_bytes=capacity_bytes)
+def verdict_for(result: Estimate | ParallelEstimate, capacity_bytes: int) -> Verdict:
+    return Verdict(peak_bytes=peak_bytes(result), capacity_bytes=capacity_bytes)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from app_pages.breakdown import CATEGORY_LABELS
+from app_pages.breakdown import CATEGORY_LABELS, category_labels, peak_bytes
 from planner.estimate import Estimate
+from planner.parallel import ParallelEstimate
 from planner.units import bytes_to_gib, format_bytes
 
 CATEGORY_COLORS = {
@@ -16,17 +17,19 @@ CATEGORY_COLORS = {
     "optimizer_state": "#10b981",
     "activations": "#ef4444",
     "temporaries": "#8b5cf6",
+    "communication_buffers": "#64748b",
 }
 CAPACITY_COLOR = "#111827"
 
 
-def phase_breakdown_figure(result: Estimate, capacity_bytes: int | None = None) -> go.Figure:
+def phase_breakdown_figure(result: Estimate | ParallelEstimate, capacity_bytes: int | None = None) -> go.Figure:
     """Stacked bars of live memory by category at each phase of one optimizer step (GiB),
-    the peak phase marked, and the device capacity as a horizontal line."""
+    on one device or on one GPU under a strategy, the peak phase marked, and the device
+    capacity as a horizontal line."""
     peak = result.peak
     x = [f"{p.phase.value} (peak)" if p is peak else p.phase.value for p in result.phases]
     figure = go.Figure()
-    for field, label in CATEGORY_LABELS.items():
+    for field, label in category_labels(result).items():
         sizes = [getattr(phase, field) for phase in result.phases]
         figure.add_bar(
             name=label,
@@ -40,13 +43,21 @@ def phase_breakdown_figure(result: Estimate, capacity_bytes: int | None = None) 
     figure.update_layout(
         barmode="stack",
         template="plotly_white",
-        title=f"{result.model_name}: memory by phase, peak {format_bytes(result.peak_bytes)}",
+        title=_phase_title(result),
         yaxis_title="GiB (2^30 bytes)",
         xaxis_title="phase of one optimizer step",
         legend_title_text="category",
         margin=dict(t=60, b=40),
     )
     return figure
+
+
+def _phase_title(result: Estimate | ParallelEstimate) -> str:
+    if isinstance(result, ParallelEstimate):
+        plan = result.plan
+        return (f"{result.base.model_name} on {plan.num_devices} GPUs, {plan.strategy.value}: memory per GPU by "
+                f"phase, peak {format_bytes(peak_bytes(result))}")
+    return f"{result.model_name}: memory by phase, peak {format_bytes(result.peak_bytes)}"
 
 
 def _capacity_line(figure: go.Figure, capacity_bytes: int | None) -> None:

@@ -78,18 +78,13 @@ def fit_rows(result: FitResult) -> list[dict]:
     return rows
 
 
-def applied_plan_note(option: FitOption) -> str | None:
-    """What the other pages show after a sharded plan is applied: the sidebar has no
-    strategy, so Plan counts one full replica per GPU; Multiple GPUs shows the shards."""
-    if option.strategy in (Strategy.SINGLE, Strategy.DDP):
-        return None
-    return (f"This plan shards the model ({option.strategy.value}): the Plan page counts a full replica per GPU; "
-            "the Multiple GPUs page shows what each GPU holds under each strategy.")
-
-
 def plan_state(option: FitOption) -> dict:
-    """The sidebar session-state values that make `option` the current plan."""
+    """The sidebar session-state values that make `option` the current plan (its strategy
+    too, with several GPUs, so Plan shows what each GPU holds under it)."""
     s = option.scenario
-    return {"optimizer": s.optimizer.value, "precision": s.precision.value,
-            "gradient_checkpointing": s.checkpointing is Checkpointing.EVERY_LAYER,
-            "batch_size": s.batch_size, "grad_accum": s.grad_accum_steps, "seq_len": s.seq_len}
+    state = {"optimizer": s.optimizer.value, "precision": s.precision.value,
+             "gradient_checkpointing": s.checkpointing is Checkpointing.EVERY_LAYER,
+             "batch_size": s.batch_size, "grad_accum": s.grad_accum_steps, "seq_len": s.seq_len}
+    if option.strategy is not Strategy.SINGLE:
+        state["strategy"] = option.strategy.value
+    return state

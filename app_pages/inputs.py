@@ -16,6 +16,7 @@ from planner.config_source import config_from_bytes
 from planner.config_task import config_task
 from planner.errors import PlannerInputError
 from planner.scenario import Attention, Device, Optimizer, Precision, Scenario, Task, scenario_from_values
+from planner.strategy import ParallelPlan, Strategy, parse_strategy
 from planner.units import GIB, MIB
 
 
@@ -42,6 +43,16 @@ PRECISION_LABELS = {
     Precision.BF16_MIXED.value: "bf16 mixed (autocast, fp32 master)",
     Precision.FP16_MIXED.value: "fp16 mixed (autocast, fp32 master)",
     Precision.BF16.value: "bf16 (pure 16-bit)",
+}
+
+# The sidebar's strategy, read only with more than one GPU (one GPU holds everything).
+STRATEGY_LABELS = {
+    Strategy.DDP.value: "DDP (a full replica per GPU)",
+    Strategy.ZERO1.value: "ZeRO-1 (optimizer state sharded)",
+    Strategy.ZERO2.value: "ZeRO-2 (and gradients sharded)",
+    Strategy.ZERO3.value: "ZeRO-3 (and parameters sharded)",
+    Strategy.FSDP_SHARD_GRAD_OP.value: "FSDP shard grad op (parameters sharded, kept after forward)",
+    Strategy.FSDP_FULL_SHARD.value: "FSDP full shard (parameters sharded, freed after forward)",
 }
 
 CUSTOM_GPU = "Custom"
@@ -106,6 +117,7 @@ class SidebarValues:
     gpu_preset: str
     gpu_custom_gib: float
     gpu_count: int
+    strategy: str
 
     @classmethod
     def from_state(cls, state: Mapping) -> SidebarValues:
@@ -135,6 +147,7 @@ DEFAULTS: dict[str, object] = {
     "gpu_preset": "T4 · 16 GB",
     "gpu_custom_gib": 16.0,
     "gpu_count": 1,
+    "strategy": Strategy.DDP.value,
 }
 
 
@@ -175,9 +188,14 @@ def capacity_bytes(values: SidebarValues) -> int:
     return round(values.gpu_custom_gib * GIB)
 
 
+def parallel_plan_for(values: SidebarValues) -> ParallelPlan:
+    """The GPU count and, with several, the strategy that spreads the plan over them."""
+    strategy = Strategy.SINGLE if values.gpu_count == 1 else parse_strategy(values.strategy)
+    return ParallelPlan(values.gpu_count, strategy)
+
+
 def total_capacity_bytes(values: SidebarValues) -> int:
-    """Capacity of all the GPUs together. Display only for now: a plan is per device
-    (each data-parallel replica holds all of it); multi-GPU plans come later."""
+    """Capacity of all the GPUs together (display only: every plan is judged per GPU)."""
     count = values.gpu_count
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise PlannerInputError(f"number of GPUs must be a positive integer, got {count!r}")

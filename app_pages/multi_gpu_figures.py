@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app_pages.breakdown import CATEGORY_LABELS
+from app_pages.breakdown import DEVICE_CATEGORY_LABELS
 from app_pages.figures import CAPACITY_COLOR, CATEGORY_COLORS, _capacity_line
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate
@@ -33,9 +33,6 @@ LOCAL_SGD_PERIODS = (1, 2, 4, 8, 16, 32)
 DEFAULT_RUN_STEPS = 1000
 DEFAULT_GPUS = 2
 
-# DevicePhase field -> label: the single-device categories, then what communication adds.
-DEVICE_CATEGORY_LABELS = {**CATEGORY_LABELS, "communication_buffers": "Communication buffers"}
-DEVICE_CATEGORY_COLORS = {**CATEGORY_COLORS, "communication_buffers": "#64748b"}
 DDP_COLOR = "#2563eb"
 LOCAL_SGD_COLOR = "#10b981"
 # The scenario values a recorded run carries that planner.scenario.scenario_from_values takes.
@@ -87,7 +84,7 @@ def memory_by_strategy_figure(estimates: Mapping[Strategy, ParallelEstimate], ca
     for field, label in DEVICE_CATEGORY_LABELS.items():
         sizes = [getattr(p, field) for p in peaks]
         figure.add_bar(
-            name=label, x=x, y=[bytes_to_gib(size) for size in sizes], marker_color=DEVICE_CATEGORY_COLORS[field],
+            name=label, x=x, y=[bytes_to_gib(size) for size in sizes], marker_color=CATEGORY_COLORS[field],
             customdata=[[size, format_bytes(size)] for size in sizes],
             hovertemplate=f"{label}: %{{customdata[1]}} (%{{customdata[0]:,}} bytes)<extra></extra>",
         )

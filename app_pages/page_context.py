@@ -8,14 +8,17 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from app_pages.inputs import ModelSource, SidebarValues, base_values, capacity_bytes, model_config, scenario_for
+from app_pages.inputs import (ModelSource, SidebarValues, base_values, capacity_bytes, model_config,
+                              parallel_plan_for, scenario_for)
 from app_pages.model_cache import cached_model_shape
 from planner.config_task import config_task
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.model_shape import ModelShape
+from planner.parallel import ParallelEstimate, parallel_estimate
 from planner.probe.cache import is_ready, probe_progress
 from planner.scenario import Device, Scenario
+from planner.strategy import ParallelPlan
 
 
 @dataclass(frozen=True)
@@ -25,12 +28,19 @@ class PageContext:
     name: str
     shape: ModelShape
     scenario: Scenario
-    result: Estimate
-    capacity_bytes: int
+    result: Estimate  # one full replica on one device
+    capacity_bytes: int  # of one GPU
+    parallel: ParallelPlan  # the sidebar's GPU count and strategy
+    per_device: ParallelEstimate | None  # what one GPU holds under `parallel`; None on one GPU
 
     @property
     def base_values(self) -> dict:
         return base_values(self.values)
+
+    @property
+    def per_gpu(self) -> Estimate | ParallelEstimate:
+        """What one GPU holds: the plan on one device, or its share under the strategy."""
+        return self.result if self.per_device is None else self.per_device
 
 
 def load_context() -> PageContext | None:
@@ -46,11 +56,13 @@ def load_context() -> PageContext | None:
         shape = cached_model_shape(config, name, scenario)
         result = _estimate_with_progress(shape, scenario)
         capacity = capacity_bytes(values)
+        parallel = parallel_plan_for(values)
+        per_device = parallel_estimate(shape, scenario, parallel, result) if parallel.distributed else None
     except PlannerInputError as error:
         # Bad input is the user's to fix: say what and how, keep the page alive.
         st.error(str(error), icon=":material/error:")
         return None
-    return PageContext(values, config, name, shape, scenario, result, capacity)
+    return PageContext(values, config, name, shape, scenario, result, capacity, parallel, per_device)
 
 
 def _estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
@@ -64,9 +76,10 @@ def _estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
     return result
 
 
-def model_caption(shape: ModelShape) -> str:
+def model_caption(shape: ModelShape, parallel: ParallelPlan) -> str:
     positions = f", {shape.max_positions:,} positions" if shape.max_positions is not None else ""
-    return f"**{shape.name}**: {shape.architecture}, {shape.num_parameters:,} parameters{positions}"
+    gpus = f"; {parallel.num_devices} GPUs, {parallel.strategy.value}" if parallel.distributed else ""
+    return f"**{shape.name}**: {shape.architecture}, {shape.num_parameters:,} parameters{positions}{gpus}"
 
 
 def task_override_note(context: PageContext) -> str | None:
@@ -86,7 +99,7 @@ def start_page(title: str) -> PageContext | None:
     st.title(title)
     context = load_context()
     if context is not None:
-        st.caption(model_caption(context.shape))
+        st.caption(model_caption(context.shape, context.parallel))
         note = task_override_note(context)
         if note is not None:
             st.info(note, icon=":material/swap_horiz:")

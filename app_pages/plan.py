@@ -10,9 +10,9 @@ import streamlit as st
 from app_pages.breakdown import breakdown_table, verdict_for
 from app_pages.comparison import batch_sizes_for_chart, memory_vs_batch
 from app_pages.figures import memory_vs_batch_figure, phase_breakdown_figure
-from planner.fit import fit_limits
 from app_pages.inputs import total_capacity_bytes
 from app_pages.page_context import start_page
+from planner.fit import fit_limits
 from planner.units import format_bytes
 
 
@@ -21,36 +21,44 @@ def render() -> None:
     if context is None:
         return
     result, capacity, shape = context.result, context.capacity_bytes, context.shape
+    per_gpu, parallel = context.per_gpu, context.parallel  # one device's plan, or one GPU's share of it
 
-    verdict = verdict_for(result, capacity)
+    verdict = verdict_for(per_gpu, capacity)
     if verdict.fits:
         st.success(verdict.headline, icon=":material/check_circle:")
     else:
         st.warning(verdict.headline, icon=":material/block:")
     peak_column, capacity_column, margin_column = st.columns(3)
-    peak_column.metric("Peak", format_bytes(verdict.peak_bytes))
+    peak_column.metric("Peak per GPU" if parallel.distributed else "Peak", format_bytes(verdict.peak_bytes))
     capacity_column.metric("Capacity", format_bytes(verdict.capacity_bytes))
     margin_column.metric("Margin", f"{verdict.margin_gib:+,.2f} GiB")
-    st.markdown(f"The peak is in the **{result.peak_phase.value}** phase: {result.peak_reason}.")
-    if context.values.gpu_count > 1:
-        st.caption(f"{context.values.gpu_count} GPUs: {format_bytes(total_capacity_bytes(context.values))} in all. "
-                   "The plan is per GPU (each data-parallel replica holds all of it); the GPU count only scales "
-                   "this total for now. Multi-GPU plans (sharded states, ZeRO) come in a later version.")
+    if context.per_device is None:
+        st.markdown(f"The peak is in the **{result.peak_phase.value}** phase: {result.peak_reason}.")
+    else:
+        placement = context.per_device.placement
+        st.markdown(
+            f"On each of **{parallel.num_devices}** GPUs with **{parallel.strategy.value}** (rank 0, the largest "
+            f"when rows do not split evenly), the peak is in the **{context.per_device.peak.phase.value}** phase. "
+            f"Weights {placement['weights']}, gradients {placement['gradients']}, optimizer state "
+            f"{placement['optimizer_state']}; {format_bytes(total_capacity_bytes(context.values))} in all. "
+            "Every GPU trains its own micro-batch; the Multiple GPUs page compares the strategies and their traffic.")
 
-    limits = fit_limits(shape, context.scenario, capacity)
+    limits = fit_limits(shape, context.scenario, capacity, plan=parallel)
     batch_column, seq_column = st.columns(2)
     batch_text = "none" if limits.batch_size is None else f"{limits.batch_size:,}"
     seq_text = "none" if limits.seq_len is None else f"{limits.seq_len:,}"
+    per = " per GPU" if parallel.distributed else ""
     batch_column.metric("Largest batch size that fits", batch_text,
-                        help=f"Sequences per micro-batch at {context.scenario.seq_len:,} tokens, this scenario otherwise.")
+                        help=f"Sequences per micro-batch{per} at {context.scenario.seq_len:,} tokens, "
+                             "this scenario otherwise.")
     seq_column.metric("Largest sequence length that fits", seq_text,
-                      help=f"Tokens at batch size {context.scenario.batch_size:,}, this scenario otherwise.")
+                      help=f"Tokens at batch size {context.scenario.batch_size:,}{per}, this scenario otherwise.")
     if limits.seq_len_capped_by_positions:
         st.caption(f"The sequence length is capped by the model's {shape.max_positions:,} positions, not by memory.")
 
-    st.subheader("Live at the peak")
+    st.subheader("Live at the peak" + (" on each GPU" if parallel.distributed else ""))
     st.dataframe(
-        breakdown_table(result),
+        breakdown_table(per_gpu),
         hide_index=True,
         column_config={"bytes": st.column_config.NumberColumn("bytes", format="localized")},
     )
@@ -59,7 +67,7 @@ def render() -> None:
         "Capacity is the total the driver reports; the CUDA context and the caching allocator's "
         "slack take part of it and are not in the peak."
     )
-    st.plotly_chart(phase_breakdown_figure(result, capacity), width="stretch", key="phase_chart")
+    st.plotly_chart(phase_breakdown_figure(per_gpu, capacity), width="stretch", key="phase_chart")
     for note in result.notes:
         st.info(note, icon=":material/info:")
 
@@ -68,8 +76,10 @@ def render() -> None:
     st.plotly_chart(memory_vs_batch_figure(series, capacity, title=f"{shape.name}: peak against batch size "
                                                                   f"at {context.scenario.seq_len:,} tokens"),
                     width="stretch", key="batch_chart")
-    st.caption("Each technique starts from AdamW fp32 without checkpointing or accumulation; accumulation lines "
-               "split the batch into up to 4 micro-batches. Details on the Techniques page.")
+    one_device = (" on one GPU holding a full replica (the sidebar's strategy is not applied here)"
+                  if parallel.distributed else "")
+    st.caption(f"Each technique starts from AdamW fp32 without checkpointing or accumulation{one_device}; "
+               "accumulation lines split the batch into up to 4 micro-batches. Details on the Techniques page.")
 
 
 render()

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app_pages.inputs import DEFAULTS, GPU_PRESETS, MODEL_SOURCE_LABELS, OPTIMIZER_LABELS, PRECISION_LABELS
+from app_pages.inputs import (DEFAULTS, GPU_PRESETS, MODEL_SOURCE_LABELS, OPTIMIZER_LABELS, PRECISION_LABELS,
+                              STRATEGY_LABELS)
 from planner.catalog import catalog_entries
 from planner.scenario import Attention, Device, Task
 
@@ -23,6 +24,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "attn": tuple(a.value for a in Attention),
     "device": tuple(d.value for d in Device),
     "gpu_preset": tuple(GPU_PRESETS),
+    "strategy": tuple(STRATEGY_LABELS),
 }
 _POSITIVE_INTS = ("num_labels", "batch_size", "seq_len", "grad_accum", "gpu_count")
 _MAXIMA = {"gpu_count": 4096}  # the widget's own max_value

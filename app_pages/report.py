@@ -6,6 +6,7 @@ Layout only: reporting.build_report computes, reporting.render_report writes.
 
 import streamlit as st
 
+from app_pages.breakdown import peak_bytes
 from app_pages.history_access import recent_runs
 from app_pages.inputs import total_capacity_bytes
 from app_pages.page_context import start_page
@@ -26,14 +27,16 @@ def render() -> None:
         st.warning(problem, icon=":material/warning:")
     try:
         report = build_report(context.shape, context.base_values, context.capacity_bytes, context.values.gpu_preset,
-                              context.values.gpu_count, records, context.config)
+                              context.values.gpu_count, records, context.config, strategy=context.parallel.strategy)
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")
         return
-    st.metric("Peak of this plan", format_bytes(report.estimate.peak_bytes))
+    peak = format_bytes(peak_bytes(report.per_gpu))
+    strategy = f" with {context.parallel.strategy.value}" if context.parallel.distributed else ""
+    st.metric("Peak of this plan", peak, help="Per GPU" + strategy)
     st.markdown(
-        f"The plan ({format_bytes(report.estimate.peak_bytes)} peak on {report.gpu_label}, "
-        f"{format_bytes(total_capacity_bytes(context.values))} over {report.gpu_count} GPU(s)), "
+        f"The plan ({peak} peak per GPU on {report.gpu_label}, "
+        f"{format_bytes(total_capacity_bytes(context.values))} over {report.gpu_count} GPU(s){strategy}), "
         f"{len(report.techniques)} techniques and {len(report.runs)} verification run(s) of this model."
     )
     columns = st.columns(len(FORMAT_LABELS))

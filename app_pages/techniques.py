@@ -23,6 +23,9 @@ def render() -> None:
         f"({scenario.task.value}, {scenario.attention.value} attention, {scenario.device.value}) with AdamW in fp32, "
         "no checkpointing and no accumulation, and changes only what the technique names. The sidebar's optimizer, "
         "precision, checkpointing and accumulation are not used here."
+        + (f" Each row is one GPU holding a full replica: the sidebar's {context.parallel.strategy.value} on "
+           f"{context.parallel.num_devices} GPUs is shown on Plan and Multiple GPUs." if context.parallel.distributed
+           else "")
     )
     records, problem = recent_runs(status="ok", model=context.name)
     if problem:

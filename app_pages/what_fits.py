@@ -9,8 +9,7 @@ Layout only: numbers come from planner.fit and app_pages.fit_view.
 import streamlit as st
 
 from app_pages.figures import fit_options_figure
-from app_pages.fit_view import (TARGET_LABELS, TargetKind, applied_plan_note, fit_rows, gpu_for, option_label,
-                                plan_state, target_for)
+from app_pages.fit_view import TARGET_LABELS, TargetKind, fit_rows, gpu_for, option_label, plan_state, target_for
 from app_pages.page_context import start_page
 from planner.errors import PlannerInputError
 from planner.fit import FIT_ERROR_MARGIN, find_fits
@@ -18,11 +17,11 @@ from planner.step_time import DEFAULT_UTILISATION
 from planner.units import format_bytes
 
 
-def _apply(state: dict, note: str | None) -> None:
+def _apply(state: dict) -> None:
     # A callback runs before the rerun draws the sidebar, so its widgets may take new values.
     for key, value in state.items():
         st.session_state[key] = value
-    st.session_state["_applied_plan"] = note or ""
+    st.session_state["_applied_plan"] = True
 
 
 def render() -> None:
@@ -30,11 +29,8 @@ def render() -> None:
     if context is None:
         return
     shape, values, capacity = context.shape, context.values, context.capacity_bytes
-    applied = st.session_state.pop("_applied_plan", None)
-    if applied is not None:
+    if st.session_state.pop("_applied_plan", False):
         st.success("Plan applied to the sidebar: the other pages now show it.", icon=":material/check_circle:")
-        if applied:
-            st.info(applied, icon=":material/lan:")
 
     target_column, utilisation_column = st.columns([2, 1])
     kind = target_column.radio("Target", list(TARGET_LABELS), format_func=TARGET_LABELS.get,
@@ -71,7 +67,7 @@ def render() -> None:
     by_label = {option_label(rank, option): option for rank, option in enumerate(result.options, 1)}
     chosen = by_label[st.selectbox("Plan to apply", list(by_label), key="fit_choice")]
     st.button("Apply this plan", type="primary", key="fit_apply", on_click=_apply,
-              args=(plan_state(chosen), applied_plan_note(chosen)))
+              args=(plan_state(chosen),))
     for note in result.notes:
         st.caption(note)
     st.caption(f"Largest batches are the planner's: a measured peak may differ by up to {FIT_ERROR_MARGIN:.0%}; "

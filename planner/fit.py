@@ -111,10 +111,12 @@ class FitLimits:
     seq_len_capped_by_positions: bool  # the model's positions, not memory, stopped the search
 
 
-def fit_limits(shape: ModelShape, scenario: Scenario, capacity_bytes: int) -> FitLimits:
-    seq = max_seq_len(shape, scenario, capacity_bytes)
+def fit_limits(shape: ModelShape, scenario: Scenario, capacity_bytes: int,
+               plan: ParallelPlan | None = None) -> FitLimits:
+    """Largest batch and sequence on one device, or per GPU under `plan`."""
+    seq = max_seq_len(shape, scenario, capacity_bytes, plan=plan)
     capped = seq is not None and shape.max_positions is not None and seq == shape.max_positions
-    return FitLimits(max_batch_size(shape, scenario, capacity_bytes), seq, capped)
+    return FitLimits(max_batch_size(shape, scenario, capacity_bytes, plan=plan), seq, capped)
 
 
 # --- The fit finder -------------------------------------------------------------------

@@ -39,7 +39,9 @@ from app_pages.verify_results import history_table, scatter_points
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.model_shape import ModelShape
+from planner.parallel import ParallelEstimate, parallel_estimate
 from planner.scenario import as_int, scenario_from_values
+from planner.strategy import ParallelPlan, Strategy, parse_strategy
 from planner.units import GIB, format_bytes
 from reporting.multi_gpu import (
     DEFAULT_RUN_STEPS,
@@ -71,6 +73,12 @@ class Report:
     batch_series: dict
     fits: pd.DataFrame  # the fit finder's best options for this plan's effective batch
     multi_gpu: MultiGpuSection | None = None  # None with one GPU
+    per_device: ParallelEstimate | None = None  # one GPU's share under the plan's strategy; None with one GPU
+
+    @property
+    def per_gpu(self) -> Estimate | ParallelEstimate:
+        """What one GPU holds: the plan on one device, or its share under the strategy."""
+        return self.estimate if self.per_device is None else self.per_device
 
     @property
     def title(self) -> str:
@@ -79,16 +87,19 @@ class Report:
 
 def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes: int, gpu_label: str,
                  gpu_count: int = 1, records: Iterable = (), config: dict | None = None,
-                 run_steps: int = DEFAULT_RUN_STEPS, local_sgd_steps: int | None = None) -> Report:
+                 run_steps: int = DEFAULT_RUN_STEPS, local_sgd_steps: int | None = None,
+                 strategy: Strategy = Strategy.DDP) -> Report:
     """Everything a report shows, computed once. `records`: RunRecords (newest first) whose
     runs of this model are listed and matched to the techniques. With `gpu_count` > 1 the
-    Multiple GPUs section compares the strategies, and local SGD over `run_steps` optimizer
-    steps (its K values with `local_sgd_steps` added)."""
+    plan is per GPU under `strategy`, and the Multiple GPUs section compares the strategies,
+    and local SGD over `run_steps` optimizer steps (its K values with `local_sgd_steps` added)."""
     values = {k: v for k, v in values.items() if k in SCENARIO_KEYS}
     scenario = scenario_from_values(**values)
     result = estimate(shape, scenario)
     records = [r for r in records if r.model_name == shape.name]
-    limits = fit_limits(shape, scenario, capacity_bytes)
+    parallel = ParallelPlan(gpu_count, strategy if gpu_count > 1 else Strategy.SINGLE)
+    per_device = parallel_estimate(shape, scenario, parallel, result) if parallel.distributed else None
+    limits = fit_limits(shape, scenario, capacity_bytes, plan=parallel)
     return Report(
         generated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         shape=shape, values=dict(values), estimate=result, capacity_bytes=capacity_bytes, gpu_label=gpu_label,
@@ -99,6 +110,7 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
         fits=_fit_table(shape, scenario, capacity_bytes, gpu_count),
         multi_gpu=multi_gpu_section(shape, scenario, result, gpu_count, capacity_bytes, records, config,
                                     run_steps, local_sgd_steps),
+        per_device=per_device,
     )
 
 
@@ -120,9 +132,10 @@ def _fit_table(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int)
 # --- renderings ---------------------------------------------------------------------------
 
 def _plan_json(report: Report) -> dict:
-    verdict = verdict_for(report.estimate, report.capacity_bytes)
+    verdict = verdict_for(report.per_gpu, report.capacity_bytes)
+    per_device = report.per_device.to_json() if report.per_device is not None else {}
     return {
-        "estimate": report.estimate.to_json(),
+        "estimate": {**report.estimate.to_json(), **per_device},
         "gpu": report.gpu_label, "gpu_count": report.gpu_count,
         "capacity_bytes": report.capacity_bytes, "total_capacity_bytes": report.capacity_bytes * report.gpu_count,
         "fits": verdict.fits, "margin_bytes": verdict.margin_bytes,
@@ -154,7 +167,7 @@ def to_json(report: Report) -> str:
 
 
 def _plan_table(report: Report) -> pd.DataFrame:
-    table = breakdown_table(report.estimate)
+    table = breakdown_table(report.per_gpu)
     return table.rename(columns={"size": "size (binary units)"})
 
 
@@ -163,7 +176,7 @@ def _technique_table(report: Report) -> pd.DataFrame:
 
 
 def _summary_lines(report: Report) -> list[str]:
-    verdict = verdict_for(report.estimate, report.capacity_bytes)
+    verdict = verdict_for(report.per_gpu, report.capacity_bytes)
     s = report.estimate.scenario
     limits = report.limits
     lines = [
@@ -172,9 +185,11 @@ def _summary_lines(report: Report) -> list[str]:
         f"{s.precision.value}, checkpointing {'on' if report.values.get('gradient_checkpointing') else 'off'}, "
         f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}",
         f"GPU: {report.gpu_label} × {report.gpu_count} ({format_bytes(report.capacity_bytes)} each; "
-        "the plan is per GPU)",
+        + (f"{report.per_device.plan.strategy.value}, " if report.per_device is not None else "")
+        + "the plan is per GPU)",
         verdict.headline,
-        f"Peak phase: {report.estimate.peak_phase.value}: {report.estimate.peak_reason}.",
+        (f"Peak phase: {report.estimate.peak_phase.value}: {report.estimate.peak_reason}."
+         if report.per_device is None else f"Peak phase per GPU: {report.per_device.peak.phase.value}."),
         f"Largest batch size that fits: {limits.batch_size if limits.batch_size is not None else 'none'}; "
         f"largest sequence length: {limits.seq_len if limits.seq_len is not None else 'none'}"
         + (" (the model's positions)" if limits.seq_len_capped_by_positions else ""),
@@ -257,7 +272,7 @@ def to_csv(report: Report) -> str:
 def figures(report: Report) -> list:
     rows = report.techniques
     found = [
-        phase_breakdown_figure(report.estimate, report.capacity_bytes),
+        phase_breakdown_figure(report.per_gpu, report.capacity_bytes),
         memory_vs_batch_figure(report.batch_series, report.capacity_bytes,
                                title=f"Peak against batch size at {report.estimate.scenario.seq_len:,} tokens"),
         technique_bars_figure([r.technique.label for r in rows], [r.peak_bytes for r in rows],
@@ -390,8 +405,9 @@ def report_for_values(values: Mapping[str, object], base_dir: Path | None = None
         raise PlannerInputError(f"local SGD steps (--local-sgd-steps) must be a positive integer, got {local_sgd!r}")
     shape = load_model_shape(values["config"], scenario.task, scenario.num_labels, base_dir=base_dir,
                              allow_hub=bool(values.get("hub")))
+    strategy = parse_strategy(values.get("strategy") or Strategy.DDP.value)
     return build_report(shape, scenario_values, capacity, label, count, records, run_steps=run_steps,
-                        local_sgd_steps=local_sgd)
+                        local_sgd_steps=local_sgd, strategy=strategy)
 
 
 def write_report(values: Mapping[str, object], out_path: str | Path) -> Path:

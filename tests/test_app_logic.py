@@ -307,6 +307,8 @@ def report(gpt2):
 def test_report_json_holds_the_plan(report):
     data = json.loads(render_report(report, "json"))
     assert data["plan"]["estimate"]["peak_bytes"] == report.estimate.peak_bytes
+    assert data["plan"]["estimate"]["per_device_peak_bytes"] == report.per_device.per_device_peak_bytes
+    assert data["plan"]["estimate"]["strategy"] == "ddp"
     assert data["plan"]["largest_batch_size"] == report.limits.batch_size
     assert data["plan"]["total_capacity_bytes"] == 32 * GIB
     assert [t["key"] for t in data["techniques"]] == [t.key for t in TECHNIQUES]
@@ -319,16 +321,18 @@ def test_report_html_is_self_contained_and_escaped(report):
     assert html.escape("<script>alert(1)</script>|x") in text
     assert "<script src=" not in text and len(text) > 3_000_000  # plotly.js inline: opens with no network
     assert text.count("Plotly.newPlot") >= 3
-    assert f"{report.estimate.peak_bytes}" in text
+    assert f"{report.per_device.per_device_peak_bytes}" in text  # 2 GPUs: the plan per GPU under DDP
 
 
 def test_report_markdown_and_csv(report):
     md = render_report(report, "md")
     assert "\\<script\\>" in md and "\\|x" in md
-    assert f"| Peak (total) | {report.estimate.peak_bytes} |" in md
+    per_gpu_peak = report.per_device.per_device_peak_bytes  # 2 GPUs: the plan per GPU under DDP
+    assert f"| Peak (total) | {per_gpu_peak} |" in md
+    assert "| Communication buffers |" in md
     csv = render_report(report, "csv")
     assert csv.splitlines()[0].startswith("section,")
-    assert f",{report.estimate.peak_bytes}," in csv and ".0," not in csv.splitlines()[1]
+    assert f",{per_gpu_peak}," in csv and ".0," not in csv.splitlines()[1]
     assert {line.split(",")[0] for line in csv.splitlines()[1:]} == {
         "plan", "techniques", "what fits", "runs", "multi-GPU memory", "multi-GPU traffic", "multi-GPU local SGD"}
     with pytest.raises(PlannerInputError, match="format"):

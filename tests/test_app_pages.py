@@ -21,7 +21,9 @@ from planner.config_source import config_from_bytes
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
 from planner.loading import load_model_shape, model_shape_for_config
+from planner.parallel import parallel_estimate
 from planner.scenario import Task, scenario_from_values
+from planner.strategy import ParallelPlan, Strategy
 from planner.units import format_bytes
 from runners.history import RunHistory
 from tests.conftest import CONFIGS
@@ -161,12 +163,15 @@ def test_plan_charts_memory_against_batch_per_technique():
 
 def test_a_link_restores_the_plan_and_widgets_write_the_link():
     at = app(query={"catalog_model": "gpt2", "task": "causal-lm", "batch_size": "3", "gpu_count": "4",
-                    "optimizer": "nonsense"})
+                    "strategy": "zero2", "optimizer": "nonsense"})
     assert at.selectbox(key="catalog_model").value == "gpt2"
     assert at.number_input(key="batch_size").value == 3
     assert at.selectbox(key="optimizer").value == DEFAULTS["optimizer"]  # a bad value keeps the default
-    assert metric(at, "Peak") == expected_peak("plan", "gpt2", task="causal-lm", batch_size=3)
-    assert any("4 GPUs" in c.value and "later" in c.value for c in at.caption)
+    assert at.selectbox(key="strategy").value == "zero2"
+    shape, scenario = shape_for("gpt2", task="causal-lm", batch_size=3)
+    per_gpu = parallel_estimate(shape, scenario, ParallelPlan(4, Strategy.ZERO2)).per_device_peak_bytes
+    assert metric(at, "Peak per GPU") == format_bytes(per_gpu)
+    assert at.caption[0].value.endswith("; 4 GPUs, zero2")
     at.number_input(key="seq_len").set_value(128).run()
     assert at.query_params["seq_len"] == ["128"] or at.query_params["seq_len"] == "128"
     assert "optimizer" not in at.query_params  # defaults stay out of the link

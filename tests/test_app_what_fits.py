@@ -11,6 +11,10 @@ from app_pages.fit_view import gpu_for, option_label, plan_state, target_for
 from app_pages.inputs import DEFAULTS, SidebarValues, capacity_bytes, scenario_for
 from planner.fit import find_fits
 from planner.loading import load_model_shape
+from planner.parallel import parallel_estimate
+from planner.scenario import Task
+from planner.strategy import ParallelPlan
+from planner.units import format_bytes
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 
@@ -71,7 +75,7 @@ def test_largest_batch_target():
     assert list(at.dataframe[0].value["largest micro-batch"]) == [o.max_batch_size for o in expected.options]
 
 
-def test_several_gpus_rank_sharded_plans_and_say_what_applying_one_means():
+def test_an_applied_sharded_plan_shows_on_plan_per_gpu_under_its_strategy():
     at = AppTest.from_file(str(APP), default_timeout=60)
     at.run()
     at.selectbox(key="catalog_model").set_value("llama-2-7b").run()
@@ -86,7 +90,20 @@ def test_several_gpus_rank_sharded_plans_and_say_what_applying_one_means():
     at.selectbox(key="fit_choice").set_value(option_label(sharded + 1, expected.options[sharded])).run()
     at.button(key="fit_apply").click().run()
     assert not at.exception and at.success[0].value.startswith("Plan applied")
-    assert "shards the model" in at.info[0].value
+    option = expected.options[sharded]
+    assert at.selectbox(key="strategy").value == option.strategy.value
+    assert at.query_params["strategy"] == option.strategy.value  # the link carries it
+    at.switch_page("app_pages/plan.py").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert not [m for m in at.markdown if "later version" in m.value]
+    table = at.dataframe[0].value
+    shown = dict(zip(table["category"], (int(b) for b in table["bytes"])))
+    assert shown["Peak (total)"] == option.peak_bytes
+    assert shown["Communication buffers"] == parallel_estimate(
+        load_model_shape("llama-2-7b", Task.CAUSAL_LM, 2), option.scenario,
+        ParallelPlan(8, option.strategy)).peak.communication_buffers
+    assert next(m.value for m in at.metric if m.label == "Peak per GPU") == format_bytes(option.peak_bytes)
+    assert f"with **{option.strategy.value}**" in " ".join(m.value for m in at.markdown)
 
 
 def shown_in_browser(before, after) -> str:
