@@ -20,7 +20,6 @@ from app_pages.multi_gpu_figures import (
     collectives_table,
     communication_figure,
     communication_table,
-    gpus_for_page,
     local_sgd_comparison,
     local_sgd_figure,
     local_sgd_table,
@@ -57,16 +56,25 @@ def _strategy_label(value: str) -> str:
     return value if Strategy(value) in VERIFIED_STRATEGIES else f"{value} (not verifiable)"
 
 
+def _mark_asked() -> None:
+    st.session_state["mgpu_verify_asked"] = True
+
+
 def _verify_controls(context) -> None:
     strategy_column, processes_column, steps_column, mode_column = st.columns(4)
+    choices = [s.value for s in VERIFY_STRATEGIES]
+    sidebar = context.parallel.strategy.value
     strategy = Strategy(strategy_column.selectbox(
-        "Strategy", [s.value for s in VERIFY_STRATEGIES], format_func=_strategy_label, key="mgpu_verify_strategy"))
+        "Strategy", choices, index=choices.index(sidebar) if sidebar in choices else 0, format_func=_strategy_label,
+        key="mgpu_verify_strategy", on_change=_mark_asked))
     processes = int(processes_column.number_input("Processes", min_value=2, max_value=MAX_DEVICES, value=2, step=1,
-                                                  key="mgpu_verify_processes"))
+                                                  key="mgpu_verify_processes", on_change=_mark_asked))
     steps = int(steps_column.number_input("Optimizer steps", min_value=2, max_value=MAX_VERIFY_STEPS, value=4,
                                           step=1, key="mgpu_verify_steps",
-                                          help="Step 1 builds the optimizer state; the last one is measured."))
-    mode = mode_column.selectbox("Mode", VERIFY_MODES, key="mgpu_verify_mode", help=VERIFY_MODE_HELP)
+                                          help="Step 1 builds the optimizer state; the last one is measured.",
+                                          on_change=_mark_asked))
+    mode = mode_column.selectbox("Mode", VERIFY_MODES, key="mgpu_verify_mode", help=VERIFY_MODE_HELP,
+                                 on_change=_mark_asked)
     local_sgd = None
     if strategy is Strategy.DDP and st.toggle("Local SGD", key="mgpu_verify_local_sgd",
                                               help="DDP without the per-step all-reduce: parameters are averaged "
@@ -80,8 +88,12 @@ def _verify_controls(context) -> None:
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")
         return
-    if plan.refusal is not None:
+    if plan.refusal is not None and st.session_state.get("mgpu_verify_asked"):
         st.error(f"Not verifiable as chosen: {plan.refusal}", icon=":material/block:")
+    elif plan.refusal is not None:
+        # The page's own defaults were refused (a model too large for this machine): say why
+        # beside the disabled button, not as an error, since the user has asked nothing yet.
+        st.caption(f"Not verifiable as chosen: {plan.refusal}")
     else:
         st.caption(f"Runs the sidebar's scenario on {processes} processes in {plan.request.mode.value} mode (CPU "
                    "ranks talk over gloo, GPU ranks over NCCL), queued one at a time with the Verify page's runs, "
@@ -121,17 +133,23 @@ def _distributed_runs_fragment() -> None:
     st.fragment(_distributed_runs, run_every=1.0 if active else None)()
 
 
+def _use_several_gpus() -> None:
+    # A callback runs before the rerun draws the sidebar, so its GPU count may change.
+    st.session_state["gpu_count"] = DEFAULT_GPUS
+
+
 def render() -> None:
     context = start_page("Multiple GPUs")
     if context is None:
         return
-    num_devices = gpus_for_page(context.values.gpu_count)
-    if num_devices is None:
-        num_devices = st.number_input(
-            "Number of GPUs", min_value=2, max_value=MAX_DEVICES, value=DEFAULT_GPUS, step=1, key="multi_gpu_count",
-            help="The sidebar's number of GPUs is 1; set it above 1 there, or choose here how many to plan for.")
-    else:
-        st.markdown(f"Planning for the sidebar's **{num_devices}** GPUs.")
+    num_devices = context.parallel.num_devices  # the sidebar's: one GPU count for every page
+    if num_devices == 1:
+        st.info("The sidebar says 1 GPU: set its number of GPUs above 1 to plan across several.",
+                icon=":material/lan:")
+        st.button(f"Plan for {DEFAULT_GPUS} GPUs", key="multi_gpu_use_several", on_click=_use_several_gpus)
+        return
+    st.markdown(f"Planning for the sidebar's **{num_devices}** GPUs; its strategy, "
+                f"**{context.parallel.strategy.value}**, is the one Plan and the other pages show.")
     scenario = context.scenario
     try:
         estimates = strategy_estimates(context.shape, scenario, num_devices, context.result)

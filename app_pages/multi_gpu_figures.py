@@ -31,18 +31,13 @@ STRATEGY_ORDER = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, 
                   Strategy.FSDP_FULL_SHARD)
 LOCAL_SGD_PERIODS = (1, 2, 4, 8, 16, 32)
 DEFAULT_RUN_STEPS = 1000
-DEFAULT_GPUS = 2
+DEFAULT_GPUS = 2  # what the page's "plan for several GPUs" sets the sidebar's count to
 
 DDP_COLOR = "#2563eb"
 LOCAL_SGD_COLOR = "#10b981"
 # The scenario values a recorded run carries that planner.scenario.scenario_from_values takes.
 SCENARIO_VALUE_KEYS = ("task", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
                        "grad_accum", "attn", "device", "num_labels", "engine")
-
-
-def gpus_for_page(sidebar_gpu_count: int) -> int | None:
-    """The sidebar's GPU count when it asks for several; None: the page asks for its own."""
-    return sidebar_gpu_count if sidebar_gpu_count > 1 else None
 
 
 # --- Memory per GPU ---------------------------------------------------------------------

@@ -58,10 +58,19 @@ def chart(at: AppTest, index: int) -> dict:
     return json.loads(at.get("plotly_chart")[index].proto.spec)
 
 
-def test_page_renders_for_two_gpus_with_the_planner_numbers():
+def test_one_gpu_in_the_sidebar_is_the_pages_count_too():
     at = page()
+    assert [n.key for n in at.number_input if "gpu" in n.key] == ["gpu_count"]  # no count of the page's own
+    assert "The sidebar says 1 GPU" in at.info[0].value and not at.dataframe
+    at.button(key="multi_gpu_use_several").click().run()
+    assert not at.exception and at.number_input(key="gpu_count").value == 2
+    assert "sidebar's **2** GPUs" in at.markdown[0].value
+    assert list(at.dataframe[0].value["strategy"]) == [s.value for s in STRATEGY_ORDER]
+
+
+def test_page_renders_for_two_gpus_with_the_planner_numbers():
+    at = page(gpu_count=2)
     assert at.title[0].value == "Multiple GPUs"
-    assert at.number_input(key="multi_gpu_count").value == 2  # the sidebar says 1 GPU: the page asks
     memory = at.dataframe[0].value
     assert list(memory["strategy"]) == [s.value for s in STRATEGY_ORDER]
     shape, scenario = shape_and_scenario()
@@ -82,7 +91,6 @@ def test_page_renders_for_two_gpus_with_the_planner_numbers():
 
 def test_sidebar_gpu_count_is_used_when_above_one():
     at = page(gpu_count=4)
-    assert not [n for n in at.number_input if n.key == "multi_gpu_count"]
     shape, scenario = shape_and_scenario()
     zero3 = parallel_estimate(shape, scenario, ParallelPlan(4, Strategy.ZERO3))
     row = at.dataframe[0].value.set_index("strategy").loc["zero3"]
@@ -92,7 +100,7 @@ def test_sidebar_gpu_count_is_used_when_above_one():
 
 def test_local_sgd_chart_for_k8_is_an_eighth_of_the_parameters():
     # On CPU allocations are exact, so one averaging moves exactly the fp32 parameters.
-    at = page(device="cpu")
+    at = page(device="cpu", gpu_count=2)
     shape, _ = shape_and_scenario(device="cpu")
     parameter_bytes = shape.num_parameters * 4
     local = chart(at, 2)
@@ -134,7 +142,7 @@ def test_measured_table_shows_distributed_runs_of_this_model():
     _record_ddp_run(history, shape, scenario, measured_peak, estimate.comm_bytes_per_step)
     single = history.start_run(MODEL, "cpu", {**values(), "engine": "accelerate"}, {})
     history.finish_run(single, "ok", measurement={"peak_bytes": 1})  # one device: not shown here
-    at = page()
+    at = page(gpu_count=2)
     assert not at.info or all("No distributed runs" not in i.value for i in at.info)
     measured = at.dataframe[-1].value
     assert len(measured) == 1
@@ -145,3 +153,13 @@ def test_measured_table_shows_distributed_runs_of_this_model():
     assert row["peak error (%)"] == pytest.approx(2.0, abs=1e-3)
     assert row["measured payload per step (bytes)"] == pytest.approx(estimate.comm_bytes_per_step)
     assert row["payload error (%)"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_large_model_opens_without_an_error_and_says_why_it_cannot_be_verified():
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S).run()
+    at.selectbox(key="catalog_model").set_value("llama-2-7b").run()
+    at.number_input(key="gpu_count").set_value(2).run()
+    at.switch_page(PAGE).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any(c.value.startswith("Not verifiable as chosen: ") for c in at.caption)
+    assert at.button(key="mgpu_verify_run").disabled

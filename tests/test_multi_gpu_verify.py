@@ -52,6 +52,7 @@ def page_with_tiny_llama(refused: bool = False) -> AppTest:
     at.number_input(key="batch_size").set_value(1).run()
     at.number_input(key="seq_len").set_value(16).run()
     at.radio(key="device").set_value("cpu").run()
+    at.number_input(key="gpu_count").set_value(2).run()
     at.switch_page(PAGE).run()
     assert not at.exception, at.exception
     assert refused or not at.error, [e.value for e in at.error]
@@ -145,8 +146,9 @@ def test_a_cpu_run_too_big_for_free_ram_is_refused_with_the_reason(monkeypatch):
     no_process_may_start(monkeypatch)
     monkeypatch.setattr(runners.verify, "available_ram_bytes", lambda: 1024 * 1024)
     at = page_with_tiny_llama(refused=True)
-    [error] = at.error
-    assert "2 CPU processes need about" in error.value and "of RAM" in error.value
+    assert not at.error  # nothing asked yet: the reason is a caption beside the disabled button
+    [refusal] = [c.value for c in at.caption if c.value.startswith("Not verifiable as chosen: ")]
+    assert "2 CPU processes need about" in refusal and "of RAM" in refusal
     assert at.button(key="mgpu_verify_run").disabled
 
 
