@@ -42,6 +42,12 @@ SCENARIO_VALUE_KEYS = ("task", "batch_size", "seq_len", "optimizer", "precision"
 
 # --- Memory per GPU ---------------------------------------------------------------------
 
+def whole_bytes(value: float | None) -> int | None:
+    """Bytes as a table shows them: whole. A payload per step is an average (local SGD's
+    period, DeepSpeed's buckets) and can fall between two integers."""
+    return None if value is None else round(value)
+
+
 def strategy_estimates(shape: ModelShape, scenario: Scenario, num_devices: int,
                        base: Estimate | None = None) -> dict[Strategy, ParallelEstimate]:
     """Every multi-device strategy on `num_devices` GPUs, each with the scenario's micro-batch per GPU."""
@@ -98,9 +104,9 @@ def communication_table(estimates: Mapping[Strategy, ParallelEstimate], run_step
         rows.append({
             "strategy": strategy.value,
             "payload per step": format_bytes(round(result.comm_bytes_per_step)),
-            "payload per step (bytes)": result.comm_bytes_per_step,
+            "payload per step (bytes)": whole_bytes(result.comm_bytes_per_step),
             "wire per step (ring)": format_bytes(round(result.comm_wire_bytes_per_step)),
-            "wire per step (bytes)": result.comm_wire_bytes_per_step,
+            "wire per step (bytes)": whole_bytes(result.comm_wire_bytes_per_step),
             f"payload over {run_steps:,} steps": format_bytes(result.comm_bytes_over_run(run_steps)),
             "collective calls per step": sum(c.calls_per_step for c in result.collectives),
         })
@@ -115,8 +121,8 @@ def collectives_table(estimates: Mapping[Strategy, ParallelEstimate]) -> pd.Data
         "of": c.what,
         "calls per step": c.calls_per_step,
         "payload per step": format_bytes(round(c.bytes_per_step)),
-        "payload per step (bytes)": c.bytes_per_step,
-        "wire per step (bytes)": c.wire_bytes_per_step,
+        "payload per step (bytes)": whole_bytes(c.bytes_per_step),
+        "wire per step (bytes)": whole_bytes(c.wire_bytes_per_step),
         "wire bytes per payload byte": c.wire_factor,
     } for strategy, result in estimates.items() for c in result.collectives]
     return pd.DataFrame(rows, columns=["strategy", "collective", "of", "calls per step", "payload per step",
@@ -190,8 +196,8 @@ def local_sgd_table(comparison: LocalSgdComparison) -> pd.DataFrame:
     rows = [{
         "average every K micro-batches": p.k,
         "payload per step": format_bytes(round(p.payload_per_step)),
-        "payload per step (bytes)": p.payload_per_step,
-        "wire per step (bytes)": p.wire_per_step,
+        "payload per step (bytes)": whole_bytes(p.payload_per_step),
+        "wire per step (bytes)": whole_bytes(p.wire_per_step),
         f"payload over {steps:,} steps": format_bytes(p.payload_over_run),
         f"payload over {steps:,} steps (bytes)": p.payload_over_run,
         "saving vs DDP per step (%)": p.saving_per_step_pct,
@@ -289,8 +295,8 @@ def measured_runs_table(records: Iterable, config: dict,
             "estimated per-GPU peak (bytes)": estimated_peak,
             "measured max rank peak (bytes)": measured_peak,
             "peak error (%)": _error_pct(estimated_peak, measured_peak),
-            "estimated payload per step (bytes)": estimated_comm,
-            "measured payload per step (bytes)": measured_comm,
+            "estimated payload per step (bytes)": whole_bytes(estimated_comm),
+            "measured payload per step (bytes)": whole_bytes(measured_comm),
             "payload error (%)": _error_pct(estimated_comm, measured_comm),
             "note": note,
         })

@@ -124,8 +124,7 @@ def _fit_table(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int)
     from planner.gpus import nearest_gpu
 
     target = FitTarget(scenario.seq_len, effective_batch=scenario.batch_size * scenario.grad_accum_steps * gpu_count)
-    result = find_fits(shape, scenario, capacity_bytes, target, nearest_gpu(capacity_bytes), gpu_count,
-                       with_max_seq_len=False)
+    result = find_fits(shape, scenario, capacity_bytes, target, nearest_gpu(capacity_bytes), gpu_count)
     return pd.DataFrame(fit_rows(result)[:FIT_ROWS_SHOWN])
 
 
@@ -197,11 +196,17 @@ def _summary_lines(report: Report) -> list[str]:
     return lines + [f"Note: {note}" for note in report.estimate.notes]
 
 
+def _float_cell(value: float) -> str:
+    # Step times, throughputs and percentages: two decimals are what a reader compares, in
+    # HTML as in Markdown (46.404661 s -> 46.40, 56040.529397 tokens/s -> 56,040.53).
+    return f"{value:,.2f}"
+
+
 def _md_cell(value: object) -> str:
     if value is None or (isinstance(value, float) and value != value) or value is pd.NA:
         return ""
     if isinstance(value, float):
-        return f"{value:,.2f}"
+        return _float_cell(value)
     text = str(value)
     for char in ("\\", "|", "`", "*", "_", "<", ">", "[", "]"):
         text = text.replace(char, "\\" + char)
@@ -320,7 +325,7 @@ def _html_table(table: pd.DataFrame) -> str:
     # na_rep misses pandas' NA in nullable integer columns: blank those by hand.
     table = table.assign(**{c: table[c].astype(object).where(table[c].notna(), "")
                             for c in table.columns if isinstance(table[c].dtype, pd.Int64Dtype)})
-    return table.to_html(index=False, escape=True, na_rep="", border=0, classes="table")
+    return table.to_html(index=False, escape=True, na_rep="", border=0, classes="table", float_format=_float_cell)
 
 
 def _html_multi_gpu(report: Report) -> list[str]:

@@ -50,8 +50,8 @@ class MultiGpuSection:
 
 
 def _whole_bytes(table: pd.DataFrame) -> pd.DataFrame:
-    """Byte columns whose values are all whole numbers as (nullable) integers, so Markdown and
-    CSV print 26953662976, not 26953662976.0; fractional ones (local SGD averages) stay floats."""
+    """Byte columns (whole numbers: multi_gpu_figures.whole_bytes) as nullable integers, so
+    Markdown and CSV print 26953662976, not 26953662976.0, even beside a missing value."""
     table = table.copy()
     for column in table.columns:
         values = table[column]

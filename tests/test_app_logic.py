@@ -6,6 +6,7 @@ planner.estimate called directly."""
 import dataclasses
 import html
 import json
+import re
 import threading
 import time
 from datetime import datetime, timezone
@@ -322,6 +323,15 @@ def test_report_html_is_self_contained_and_escaped(report):
     assert "<script src=" not in text and len(text) > 3_000_000  # plotly.js inline: opens with no network
     assert text.count("Plotly.newPlot") >= 3
     assert f"{report.per_device.per_device_peak_bytes}" in text  # 2 GPUs: the plan per GPU under DDP
+
+
+def test_report_what_fits_has_its_largest_sequences_and_readable_numbers(report):
+    fits = json.loads(render_report(report, "json"))["what_fits"]
+    assert fits and all(isinstance(row["largest sequence"], int) for row in fits)
+    page = render_report(report, "html")
+    cells = re.findall(r"<td>([^<]*)</td>", page)
+    assert f"{report.fits['step time (s)'].iloc[0]:,.2f}" in cells
+    assert not [c for c in cells if re.fullmatch(r"-?[0-9,]*\.[0-9]{3,}", c)]  # no raw floats (46.404661)
 
 
 def test_report_markdown_and_csv(report):

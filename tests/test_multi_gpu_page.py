@@ -87,6 +87,10 @@ def test_page_renders_for_two_gpus_with_the_planner_numbers():
     assert any("capacity" in a.get("text", "") for a in bars["layout"].get("annotations", []))
     assert len(at.get("plotly_chart")) == 3
     assert at.info and "No distributed runs" in at.info[0].value
+    # Bytes are whole in every table, local SGD's averages per step (16,445,760.5 at K=16) too.
+    for frame in at.dataframe:
+        for column in (c for c in frame.value.columns if c.endswith("(bytes)")):
+            assert all(float(v).is_integer() for v in frame.value[column].dropna()), column
 
 
 def test_sidebar_gpu_count_is_used_when_above_one():
