@@ -279,7 +279,7 @@ def fit_table(shape, base, result: FitResult) -> str:
              f"{result.combinations} combinations tried, "
              f"{len(result.options)} fit; ranked by {result.ranked_by}", ""]
     if not result.options:
-        peak, plan, smallest_strategy = smallest_plan(shape, base, t.seq_len, result.num_devices)
+        peak, plan, smallest_strategy = smallest_plan(shape, base, t.seq_len, result.num_devices, result.gpu)
         sharded = "" if result.num_devices == 1 else f"{smallest_strategy.value}, "
         more = "more GPUs with sharding" if result.num_devices == 1 else "more GPUs"
         lines.append(f"Nothing fits. The smallest plan ({sharded}{plan.optimizer.value}, {plan.precision.value}, "

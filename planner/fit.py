@@ -125,6 +125,14 @@ def fit_limits(shape: ModelShape, scenario: Scenario, capacity_bytes: int,
 # the same memory as one of these (or more) at the same cost, so they add rows, not choices.
 SEARCH_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.ADAMW8BIT, Optimizer.HF_ADAFACTOR, Optimizer.SGD)
 SEARCH_PRECISIONS = (Precision.FP32, Precision.BF16_MIXED, Precision.BF16)
+# A GPU without bf16 tensor cores (Turing) trains 16-bit as fp16 autocast with fp32 masters
+# and a loss scaler; pure fp16 training is not offered (it diverges without fp32 masters).
+SEARCH_PRECISIONS_WITHOUT_BF16 = (Precision.FP32, Precision.FP16_MIXED)
+
+
+def search_precisions(gpu: GpuSpec) -> tuple[Precision, ...]:
+    """The precisions worth ranking on `gpu`: never one its tensor cores lack."""
+    return SEARCH_PRECISIONS if gpu.supports_bf16 else SEARCH_PRECISIONS_WITHOUT_BF16
 SEARCH_CHECKPOINTING = (Checkpointing.NONE, Checkpointing.EVERY_LAYER)
 # With several GPUs: data parallel, and the sharded strategies that change what fits.
 # ZeRO-3 is left out: the planner models it as FSDP full shard (same memory and traffic).
@@ -247,7 +255,7 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
     for strategy in strategies:
         parallel = ParallelPlan(num_devices, strategy)
         for optimizer in SEARCH_OPTIMIZERS:
-            for precision in SEARCH_PRECISIONS:
+            for precision in search_precisions(gpu):
                 for checkpointing in SEARCH_CHECKPOINTING:
                     for k in accumulations:
                         combinations += 1
@@ -270,9 +278,13 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
                                                  result.per_device_peak_bytes, result.peak.phase.value, timing))
     by_sequence = target.batch_size is None and target.effective_batch is None
     options.sort(key=lambda o: (o.seconds_per_sequence if by_sequence else o.step_time_s, o.peak_bytes))
-    notes = [f"step times assume {gpu.label} throughput at {utilisation:.0%} utilisation (planner.step_time)",
-             "pure bf16 keeps no fp32 master weights: updates smaller than bf16's resolution are lost; "
-             "bf16-mixed is the safe choice when accuracy matters"]
+    notes = [f"step times assume {gpu.label} throughput at {utilisation:.0%} utilisation (planner.step_time)"]
+    if gpu.supports_bf16:
+        notes.append("pure bf16 keeps no fp32 master weights: updates smaller than bf16's resolution are lost; "
+                     "bf16-mixed is the safe choice when accuracy matters")
+    else:
+        notes.append(f"{gpu.label} has no bf16 tensor cores: 16-bit plans are fp16-mixed (autocast with fp32 "
+                     "masters and a loss scaler)")
     if num_devices > 1:
         notes.append(SHARDING_NOTE)
     return FitResult(tuple(options), combinations, capacity_bytes, gpu, num_devices, target, utilisation,
@@ -280,12 +292,14 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
 
 
 def smallest_plan(shape: ModelShape, base: Scenario, seq_len: int,
-                  num_devices: int = 1) -> tuple[int, Scenario, Strategy]:
+                  num_devices: int = 1, gpu: GpuSpec | None = None) -> tuple[int, Scenario, Strategy]:
     """The searched combination (and strategy, with several GPUs) with the lowest per-GPU
-    peak at one sequence per micro-batch: how far from fitting a job is when nothing fits."""
+    peak at one sequence per micro-batch: how far from fitting a job is when nothing fits.
+    With `gpu`, only the precisions it supports."""
     base = dataclasses.replace(base, seq_len=seq_len, batch_size=1, grad_accum_steps=1)
+    precisions = SEARCH_PRECISIONS if gpu is None else search_precisions(gpu)
     plans = [dataclasses.replace(base, optimizer=o, precision=p, checkpointing=c)
-             for o in SEARCH_OPTIMIZERS for p in SEARCH_PRECISIONS for c in SEARCH_CHECKPOINTING]
+             for o in SEARCH_OPTIMIZERS for p in precisions for c in SEARCH_CHECKPOINTING]
     strategies = (Strategy.SINGLE,) if num_devices == 1 else SEARCH_STRATEGIES
     return min(((per_device_peak(shape, plan, ParallelPlan(num_devices, strategy)), plan, strategy)
                 for plan in plans for strategy in strategies), key=lambda found: found[0])

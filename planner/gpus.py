@@ -6,6 +6,8 @@ plan that fits here fits the driver's total. Throughputs are the vendors' publis
 (no 2:4 sparsity) peaks, in FLOP/s:
 - `bf16_flops`: 16-bit tensor-core peak with fp32 accumulation (what autocast and pure
   bf16 training run their matmuls at).
+- `supports_bf16`: whether the tensor cores take bf16 (Ampere and later). Turing (T4) has
+  fp16 tensor cores only: bf16 there falls back to slow paths, so plans on it use fp16.
 - `fp32_flops`: plain FP32 (CUDA cores). PyTorch leaves TF32 off for matmuls by default
   (torch.backends.cuda.matmul.allow_tf32 = False since 1.12), so fp32 training runs at this.
 Sources (datasheets / whitepapers):
@@ -48,6 +50,7 @@ class GpuSpec:
     fp32_flops: float  # FLOP/s, dense FP32 (non-tensor-core) peak
     hbm_bytes_per_s: float
     link_bytes_per_s: float  # per direction, to peers (NVLink or PCIe)
+    supports_bf16: bool = True  # bf16 tensor cores; False: 16-bit means fp16 (bf16_flops is fp16's peak)
 
     def __post_init__(self) -> None:
         for name in ("capacity_bytes", "bf16_flops", "fp32_flops", "hbm_bytes_per_s", "link_bytes_per_s"):
@@ -56,7 +59,7 @@ class GpuSpec:
 
 
 GPUS: dict[str, GpuSpec] = {g.key: g for g in (
-    GpuSpec("t4", "T4 16 GB", 15360 * MIB, 65 * TERA, 8.1 * TERA, 320 * GIGA, 16 * GIGA),
+    GpuSpec("t4", "T4 16 GB", 15360 * MIB, 65 * TERA, 8.1 * TERA, 320 * GIGA, 16 * GIGA, supports_bf16=False),
     GpuSpec("l4", "L4 24 GB", 23034 * MIB, 121 * TERA, 30.3 * TERA, 300 * GIGA, 32 * GIGA),
     GpuSpec("a10", "A10 24 GB", 23028 * MIB, 125 * TERA, 31.2 * TERA, 600 * GIGA, 32 * GIGA),
     GpuSpec("rtx4090", "RTX 4090 24 GB", 24564 * MIB, 165.2 * TERA, 82.6 * TERA, 1008 * GIGA, 32 * GIGA),

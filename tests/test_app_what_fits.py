@@ -50,6 +50,8 @@ def test_default_render_shows_the_ranking():
     assert list(table["peak (bytes)"]) == [o.peak_bytes for o in expected.options]
     assert list(table["optimizer"]) == [o.scenario.optimizer.value for o in expected.options]
     assert len(at.get("plotly_chart")) == 1
+    # The default GPU is a T4: Turing has no bf16 tensor cores, so 16-bit plans are fp16-mixed.
+    assert set(table["precision"]) == {"fp32", "fp16-mixed"}
 
 
 def test_apply_writes_the_plan_into_the_sidebar():

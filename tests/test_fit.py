@@ -14,7 +14,7 @@ from conftest import tiny_config
 from planner.cli import main
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
-from planner.fit import FIT_ERROR_MARGIN, SEARCH_STRATEGIES, SHARDING_NOTE, FitTarget, find_fits
+from planner.fit import FIT_ERROR_MARGIN, SEARCH_STRATEGIES, SHARDING_NOTE, FitTarget, find_fits, smallest_plan
 from planner.parallel import parallel_estimate
 from planner.strategy import ParallelPlan, Strategy
 from planner.gpus import GPUS, nearest_gpu
@@ -51,6 +51,20 @@ def test_options_are_ranked_and_carry_the_fields(gpt2):
         assert j["batch_size"] * j["grad_accum"] == 32  # the target effective batch, exactly
         assert j["grad_accum"] & (j["grad_accum"] - 1) == 0  # a power of two
     assert result.combinations == 4 * 3 * 2 * 6  # optimizers x precisions x checkpointing x {1..32}
+
+
+def test_a_gpu_without_bf16_is_offered_fp16_mixed_and_never_bf16(gpt2):
+    target = FitTarget(256, effective_batch=32)
+    t4 = find_fits(gpt2, base(), 8 * GIB, target, GPUS["t4"])
+    assert not GPUS["t4"].supports_bf16 and t4.options
+    assert {o.scenario.precision for o in t4.options} == {Precision.FP32, Precision.FP16_MIXED}
+    assert t4.combinations == 4 * 2 * 2 * 6  # fp32 and fp16-mixed only
+    assert any("no bf16 tensor cores" in note for note in t4.notes)
+    a10 = find_fits(gpt2, base(), 8 * GIB, target, A10)
+    assert Precision.FP16_MIXED not in {o.scenario.precision for o in a10.options}
+    assert {Precision.BF16_MIXED, Precision.BF16} <= {o.scenario.precision for o in a10.options}
+    _, smallest, _ = smallest_plan(gpt2, base(), 256, gpu=GPUS["t4"])
+    assert smallest.precision in (Precision.FP32, Precision.FP16_MIXED)
 
 
 def test_search_agrees_with_estimate(gpt2):
