@@ -77,6 +77,16 @@ def accumulation_steps_for(batch_size: int) -> int:
     return next((k for k in ACCUMULATION_STEPS if batch_size % k == 0 and batch_size > 1), 1)
 
 
+def accumulation_note(batch_size: int) -> str | None:
+    """Why the accumulation rows equal the rows without it, when the batch cannot be split."""
+    if accumulation_steps_for(batch_size) > 1:
+        return None
+    divisors = " or ".join(str(k) for k in sorted(ACCUMULATION_STEPS))
+    return (f"A batch of {batch_size} cannot be split into smaller micro-batches, so the accumulation rows run "
+            f"{batch_size} × 1 and equal the same rows without accumulation: choose a batch divisible by "
+            f"{divisors} to see what accumulation saves.")
+
+
 def technique_values(base: Mapping[str, object], technique: Technique) -> dict:
     """Scenario values of `technique` on `base` (the sidebar's values; its optimizer,
     precision, checkpointing and accumulation are replaced by the baseline's)."""

@@ -7,7 +7,7 @@ Layout only: rows come from app_pages.comparison, figures from app_pages.figures
 
 import streamlit as st
 
-from app_pages.comparison import compare_techniques, comparison_table
+from app_pages.comparison import accumulation_note, compare_techniques, comparison_table
 from app_pages.figures import technique_bars_figure
 from app_pages.history_access import recent_runs
 from app_pages.page_context import start_page
@@ -40,6 +40,9 @@ def render() -> None:
             "saving vs baseline (%)": st.column_config.NumberColumn(format="%.1f%%"),
         },
     )
+    note = accumulation_note(scenario.batch_size)
+    if note is not None:
+        st.info(note, icon=":material/info:")
     st.plotly_chart(
         technique_bars_figure([r.technique.label for r in rows], [r.peak_bytes for r in rows],
                               [r.measured_peak_bytes for r in rows], context.capacity_bytes,

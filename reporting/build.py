@@ -22,6 +22,7 @@ import pandas as pd
 from app_pages.breakdown import breakdown_table, verdict_for
 from app_pages.comparison import (
     TechniqueRow,
+    accumulation_note,
     batch_sizes_for_chart,
     compare_techniques,
     comparison_table,
@@ -174,6 +175,10 @@ def _technique_table(report: Report) -> pd.DataFrame:
     return comparison_table(report.techniques, report.capacity_bytes)
 
 
+def _accumulation_note(report: Report) -> str | None:
+    return accumulation_note(report.estimate.scenario.batch_size)
+
+
 def _summary_lines(report: Report) -> list[str]:
     verdict = verdict_for(report.per_gpu, report.capacity_bytes)
     s = report.estimate.scenario
@@ -225,6 +230,7 @@ def to_markdown(report: Report) -> str:
     parts += [f"- {_md_cell(line)}" for line in _summary_lines(report)]
     parts += ["", "## Live at the peak", "", _md_table(_plan_table(report)),
               "", "## Techniques", "", _md_table(_technique_table(report)),
+              *(["", _md_cell(note)] if (note := _accumulation_note(report)) else []),
               "", "## What fits (same effective batch, best first)", "",
               _md_table(report.fits) if not report.fits.empty else "No technique combination fits this GPU.", ""]
     if report.multi_gpu is not None:
@@ -306,6 +312,7 @@ def to_html(report: Report) -> str:
         charts[0], charts[1],
         "<h2>Techniques</h2>",
         _html_table(_technique_table(report)),
+        *([f"<p class='muted'>{e(note)}</p>"] if (note := _accumulation_note(report)) else []),
         charts[2],
         "<h2>What fits (same effective batch, best first)</h2>",
         (_html_table(report.fits)

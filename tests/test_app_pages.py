@@ -179,6 +179,19 @@ def test_a_link_restores_the_plan_and_widgets_write_the_link():
 
 # --- Techniques -------------------------------------------------------------------------------
 
+def test_techniques_at_batch_1_say_why_accumulation_saves_nothing():
+    at = app("techniques", query={"batch_size": "1"})
+    assert not at.exception and not at.error
+    table = at.dataframe[0].value.set_index("technique")
+    accumulated = table.loc["Gradient accumulation (same effective batch)"]
+    assert accumulated["micro-batch × accumulation"] == "1 × 1"
+    assert accumulated["estimated peak (bytes)"] == table.loc["AdamW fp32 (baseline)", "estimated peak (bytes)"]
+    [note] = [i.value for i in at.info if "accumulation" in i.value]
+    assert note.startswith("A batch of 1 cannot be split") and "divisible by 2 or 4" in note
+    at.number_input(key="batch_size").set_value(8).run()
+    assert not [i for i in at.info if "cannot be split" in i.value]
+
+
 def test_techniques_show_a_measured_peak_from_the_history():
     shape, scenario = shape_for()
     rows = compare_techniques(shape, values())
