@@ -54,7 +54,7 @@ def load_context() -> PageContext | None:
         config, name = chosen
         scenario = scenario_for(values)
         shape = cached_model_shape(config, name, scenario)
-        result = _estimate_with_progress(shape, scenario)
+        result = estimate_with_progress(shape, scenario)
         capacity = capacity_bytes(values)
         parallel = parallel_plan_for(values)
         per_device = parallel_estimate(shape, scenario, parallel, result) if parallel.distributed else None
@@ -65,7 +65,7 @@ def load_context() -> PageContext | None:
     return PageContext(values, config, name, shape, scenario, result, capacity, parallel, per_device)
 
 
-def _estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
+def estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
     """A CPU-kernel estimate of a model never probed runs the probe first (seconds): show it."""
     if scenario.device is not Device.CPU or is_ready(shape, scenario):
         return estimate(shape, scenario)

@@ -5,19 +5,21 @@ category and per technique, and browse the run history.
 Layout only: the queue is app_pages.run_queue, data shaping app_pages.verify_results.
 """
 
+import dataclasses
 import uuid
 
 import streamlit as st
 
 from app_pages.figures import category_comparison_figure, estimate_vs_measured_scatter, technique_bars_figure
 from app_pages.history_access import recent_runs
-from app_pages.page_context import rerun_when_a_run_finishes, start_page
+from app_pages.page_context import estimate_with_progress, rerun_when_a_run_finishes, start_page
 from app_pages.run_queue import get_queue
 from app_pages.verify_results import (
     MODES,
     category_values,
     filter_history,
     history_table,
+    measured_device,
     plan_request,
     scatter_points,
     technique_requests,
@@ -25,6 +27,7 @@ from app_pages.verify_results import (
 from planner.errors import PlannerInputError
 from planner.units import format_bytes
 from runners.history import RunMode, RunStatus
+from runners.verify import cuda_is_likely_available
 
 MODE_HELP = ("auto: CUDA when there is a GPU, else a real CPU run when it fits in free RAM, else simulate. "
              "simulate: fake tensors, nothing allocated, so any model size can be checked on this machine.")
@@ -128,13 +131,25 @@ def render() -> None:
     if context is None:
         _history()
         return
-    st.metric("Estimated peak of this plan", format_bytes(context.result.peak_bytes),
-              help=f"{context.result.peak_bytes:,} bytes on {context.scenario.device.value}; a run re-estimates "
-                   "for the device kind it measures on (cpu for cpu and simulate).")
     mode_column, steps_column = st.columns(2)
     mode = mode_column.selectbox("Measurement mode", MODES, key="verify_mode", help=MODE_HELP)
     steps = steps_column.number_input("Optimizer steps (the last one is measured)", min_value=2, max_value=20,
                                       value=3, step=1, key="verify_steps")
+    # The headline is the estimate a run in this mode is compared with: its device kind's
+    # kernels (CPU for cpu and simulate), not necessarily the sidebar's.
+    device = measured_device(mode, cuda_is_likely_available())
+    try:
+        compared = (context.result if device is context.scenario.device
+                    else estimate_with_progress(context.shape, dataclasses.replace(context.scenario, device=device)))
+    except PlannerInputError as error:
+        st.error(str(error), icon=":material/error:")
+        return
+    st.metric("Estimated peak a run is compared with", format_bytes(compared.peak_bytes),
+              help=f"{compared.peak_bytes:,} bytes with {device.value} kernels, the kind a {mode} run measures.")
+    if device is not context.scenario.device:
+        st.caption(f"A {mode} run measures {device.value} kernels, so it is compared with the {device.value} "
+                   f"estimate; the sidebar's {context.scenario.device.value} estimate is "
+                   f"{format_bytes(context.result.peak_bytes)} (Plan).")
     plan_column, all_column = st.columns(2)
     if plan_column.button("Verify this plan", key="verify_plan", type="primary"):
         _submit(context, mode, int(steps), every_technique=False)

@@ -9,11 +9,21 @@ from collections.abc import Iterable, Mapping
 import pandas as pd
 
 from app_pages.comparison import TECHNIQUES, technique_values
+from planner.scenario import Device
 from planner.units import format_bytes
 from runners.request import Engine, Mode, VerifyRequest
 from runners.verify import CATEGORIES, error_pct
 
 MODES = tuple(m.value for m in Mode)
+
+
+def measured_device(mode: str, cuda_available: bool) -> Device:
+    """The device kind whose kernels a run in `mode` measures, as runners.verify.plan_run
+    resolves it: CUDA for cuda, and for auto with a GPU; CPU for cpu, simulate (CPU kernels
+    on fake tensors) and auto without one. The run is compared with that kind's estimate."""
+    if Mode(mode) is Mode.CUDA or (Mode(mode) is Mode.AUTO and cuda_available):
+        return Device.CUDA
+    return Device.CPU
 
 
 def plan_request(config: dict, name: str, values: Mapping[str, object], mode: str, steps: int) -> VerifyRequest:

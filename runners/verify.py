@@ -37,6 +37,8 @@ None where the measured value is missing, or zero while the estimate is not.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -83,6 +85,19 @@ def cuda_is_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+NVIDIA_DRIVER = "/proc/driver/nvidia/version"
+
+
+def cuda_is_likely_available(driver_path: str = NVIDIA_DRIVER) -> bool:
+    """torch's answer when torch is already imported, else whether an NVIDIA driver is
+    loaded: lets a page say which estimate an `auto` run compares against without
+    importing torch (seconds). A CPU-only torch build on a GPU machine reads True here."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch.cuda.is_available()
+    return os.path.exists(driver_path)
 
 
 @dataclass(frozen=True)

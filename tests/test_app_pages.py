@@ -6,6 +6,7 @@ The run history is a fresh SQLite file per test (PLANNER_DATA_DIR). The Verify p
 go through a fake runner except one real run: a tiny Llama config, simulated, 2 steps.
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -25,7 +26,10 @@ from planner.parallel import parallel_estimate
 from planner.scenario import Task, scenario_from_values
 from planner.strategy import ParallelPlan, Strategy
 from planner.units import format_bytes
+from app_pages.verify_results import measured_device, plan_request
+from runners import verify
 from runners.history import RunHistory
+from runners.verify import cuda_is_likely_available, plan_run
 from tests.conftest import CONFIGS
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
@@ -73,7 +77,7 @@ def shown_peak(at: AppTest, page: str) -> str | int:
     if page == "techniques":
         return int(at.dataframe[0].value["estimated peak (bytes)"].iloc[0])
     if page == "verify":
-        return metric(at, "Estimated peak of this plan")
+        return metric(at, "Estimated peak a run is compared with")
     return metric(at, "Peak of this plan")
 
 
@@ -82,6 +86,8 @@ def expected_peak(page: str, model: str = DEFAULTS["catalog_model"], config: dic
     scenario = scenario_from_values(**values(**overrides))
     shape = (model_shape_for_config(config, scenario.task, scenario.num_labels, name) if config is not None
              else load_model_shape(model, scenario.task, scenario.num_labels))
+    if page == "verify":  # an auto run measures CUDA kernels where there is a GPU, else CPU ones
+        scenario = dataclasses.replace(scenario, device=measured_device("auto", cuda_is_likely_available()))
     if page == "techniques":
         return compare_techniques(shape, values(**overrides))[0].peak_bytes
     return format_bytes(estimate(shape, scenario).peak_bytes)
@@ -214,6 +220,18 @@ def test_techniques_show_a_measured_peak_from_the_history():
 
 
 # --- Verify -----------------------------------------------------------------------------------
+
+def test_verify_headline_is_the_estimate_the_run_is_compared_with(monkeypatch):
+    monkeypatch.setattr(verify, "cuda_is_likely_available", lambda: False)  # a machine without a GPU
+    at = app("verify")
+    assert not at.exception and not at.error
+    request = plan_request(json.loads((CATALOG_DIR / f"{DEFAULTS['catalog_model']}.json").read_text()),
+                           DEFAULTS["catalog_model"], values(), "auto", 3)
+    compared = plan_run(request, cuda_available=False, available_bytes=1 << 50).estimate  # what the run compares
+    assert compared.scenario.device.value == "cpu" != DEFAULTS["device"]
+    assert metric(at, "Estimated peak a run is compared with") == format_bytes(compared.peak_bytes)
+    assert f"the sidebar's cuda estimate is {expected_peak('plan')}" in " ".join(c.value for c in at.caption)
+
 
 def test_verify_queues_every_technique_and_shows_results():
     def fake(request, timeout_s, on_progress, history, cancel=None):

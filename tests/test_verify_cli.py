@@ -172,3 +172,14 @@ def test_a_real_cpu_run_end_to_end(capsys):
     (record,) = RunHistory().list_runs()
     assert record.status is RunStatus.OK and record.measurement["peak_bytes"] == measured["peak_bytes"]
     assert "step 2 of 2" in err and "measuring" in err
+
+
+def test_cuda_is_likely_available_reads_the_driver_without_importing_torch(tmp_path, monkeypatch):
+    from runners.verify import cuda_is_likely_available
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    driver = tmp_path / "version"
+    assert not cuda_is_likely_available(str(driver))
+    driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module\n")
+    assert cuda_is_likely_available(str(driver))
+    assert "torch" not in sys.modules
