@@ -25,7 +25,9 @@ from planner.catalog import catalog_entries
 from planner.scenario import Attention, Device, Precision, Task
 from planner.units import format_bytes
 
-st.set_page_config(page_title="Training memory planner", page_icon=":material/memory:", layout="wide")
+# An emoji favicon is drawn in the browser (an inline SVG); a ":material/...:" one is fetched
+# from fonts.gstatic.com on every page load, which fails offline.
+st.set_page_config(page_title="Training memory planner", page_icon="🧮", layout="wide")
 
 # Initial values through session state rather than each widget's value=, so a widget
 # that a callback changes (task) or that is hidden for a while keeps one source of defaults.

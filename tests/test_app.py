@@ -5,9 +5,11 @@ same scenario, never against the page's own arithmetic.
 """
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
+import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app_pages.inputs import DEFAULTS, GPU_PRESETS
@@ -194,3 +196,17 @@ def test_bad_upload_shows_its_one_line_error_and_the_page_recovers(data):
     good = (CATALOG_DIR / DEFAULTS["catalog_model"]).with_suffix(".json").read_bytes()
     at = upload(at, good)
     assert not at.error and at.dataframe
+
+
+def test_the_page_needs_no_network_and_shows_no_deploy_button(monkeypatch):
+    # The browser fetches a ":material/...:" favicon from fonts.gstatic.com (an emoji is an
+    # inline SVG; an image file is served by this server), so the icon must not be one.
+    calls = []
+    original = st.set_page_config
+    monkeypatch.setattr(st, "set_page_config", lambda **kwargs: calls.append(kwargs) or original(**kwargs))
+    run_app()
+    [config] = calls
+    icon = str(config.get("page_icon") or "")
+    assert not icon.startswith(":material") and "://" not in icon
+    settings = tomllib.loads((APP.parent / ".streamlit" / "config.toml").read_text())
+    assert settings["client"]["toolbarMode"] == "minimal"  # hides Deploy and the developer menu
