@@ -60,14 +60,18 @@ def _phase_title(result: Estimate | ParallelEstimate) -> str:
     return f"{result.model_name}: memory by phase, peak {format_bytes(result.peak_bytes)}"
 
 
+CAPACITY_PREFIX = "capacity "  # the legend entry of the capacity line: "capacity 15.00 GiB"
+
+
 def _capacity_line(figure: go.Figure, capacity_bytes: int | None) -> None:
-    if capacity_bytes is not None:
-        figure.add_hline(
-            y=bytes_to_gib(capacity_bytes),
-            line=dict(color=CAPACITY_COLOR, dash="dash", width=2),
-            annotation_text=f"capacity {bytes_to_gib(capacity_bytes):,.2f} GiB",
-            annotation_position="top left",
-        )
+    """The capacity as a dashed line across the plot, named in the legend: a label on the
+    line itself sits over the bars that reach it."""
+    if capacity_bytes is None:
+        return
+    line = dict(color=CAPACITY_COLOR, dash="dash", width=2)
+    figure.add_hline(y=bytes_to_gib(capacity_bytes), line=line)
+    figure.add_scatter(x=[None], y=[None], mode="lines", line=line, hoverinfo="skip",
+                       name=f"{CAPACITY_PREFIX}{bytes_to_gib(capacity_bytes):,.2f} GiB")
 
 
 def memory_vs_batch_figure(series: dict[str, list[tuple[int, int | None]]], capacity_bytes: int | None = None,

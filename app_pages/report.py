@@ -15,7 +15,12 @@ from planner.units import format_bytes
 from reporting import build_report, render_report
 from reporting.build import MIME_TYPES, export_file_name
 
-FORMAT_LABELS = {"html": "HTML (interactive charts, works offline)", "md": "Markdown", "csv": "CSV", "json": "JSON"}
+# Short labels: four buttons share the page's width; what each file holds is in its help.
+FORMAT_LABELS = {"html": "HTML", "md": "Markdown", "csv": "CSV", "json": "JSON"}
+PREVIEW_HEIGHT_PX = 640
+FORMAT_HELP = {"html": "Self-contained page with interactive charts; opens with no network.",
+               "md": "The plan and its tables as Markdown.", "csv": "Every table in one CSV, a section column apart.",
+               "json": "Every number, raw bytes."}
 
 
 def render() -> None:
@@ -44,9 +49,13 @@ def render() -> None:
         # HTML carries plotly.js (several MB): built only when its button is clicked.
         data = (lambda report=report: render_report(report, "html")) if fmt == "html" else render_report(report, fmt)
         column.download_button(label, data=data, file_name=export_file_name(context.name, fmt), mime=MIME_TYPES[fmt],
-                               key=f"download_{fmt}", width="stretch", on_click="ignore")
+                               key=f"download_{fmt}", width="stretch", on_click="ignore", help=FORMAT_HELP[fmt],
+                               icon=":material/download:")
     with st.expander("Markdown preview", expanded=True):
-        st.markdown(render_report(report, "md"))
+        # A scrolling box of its own: the report's wide tables scroll inside the border
+        # instead of running past it.
+        with st.container(height=PREVIEW_HEIGHT_PX, border=False):
+            st.markdown(render_report(report, "md"))
 
 
 render()

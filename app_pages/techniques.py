@@ -34,10 +34,25 @@ def render() -> None:
     table = comparison_table(rows, context.capacity_bytes)
     st.dataframe(
         table, hide_index=True, key="techniques_table",
+        # Eleven columns share the page's width (about 1,000 px in a 1,440 px window): widths
+        # in pixels and short headers (full names in their help), so none is cut off at the
+        # right edge; long technique names and costs show whole on hover.
         column_config={
-            "estimated peak (bytes)": st.column_config.NumberColumn(format="localized"),
-            "measured peak (bytes)": st.column_config.NumberColumn(format="localized"),
-            "saving vs baseline (%)": st.column_config.NumberColumn(format="%.1f%%"),
+            "technique": st.column_config.TextColumn("technique", width=200),
+            "micro-batch × accumulation": st.column_config.TextColumn("micro×acc", width=75,
+                                                                      help="micro-batch × accumulation steps"),
+            "estimated peak (bytes)": st.column_config.NumberColumn("est. bytes", format="localized",
+                                                                    width=105),
+            "estimated peak": st.column_config.TextColumn("estimated", width=80, help="estimated peak"),
+            "fits": st.column_config.CheckboxColumn("fits", width=40),
+            "saving vs baseline (%)": st.column_config.NumberColumn("saving", format="%.1f%%", width=60,
+                                                                    help="saving against the baseline's peak"),
+            "measured peak (bytes)": st.column_config.NumberColumn("meas. bytes", format="localized",
+                                                                   width=105),
+            "measured peak": st.column_config.TextColumn("measured", width=75, help="measured peak"),
+            "measured by": st.column_config.TextColumn("by", width=45, help="measurement mode of the run"),
+            "cost": st.column_config.TextColumn("cost", width=140),
+            "lesson": st.column_config.TextColumn("lesson", width=50),
         },
     )
     note = accumulation_note(scenario.batch_size)

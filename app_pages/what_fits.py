@@ -17,6 +17,27 @@ from planner.step_time import DEFAULT_UTILISATION
 from planner.units import format_bytes
 
 
+# Thirteen columns share the page's width (about 1,000 px in a 1,440 px window): widths in
+# pixels and short headers (full names in their help), so none is cut off at the right edge.
+FIT_COLUMNS = {
+    "rank": st.column_config.NumberColumn("#", width=40, help="rank, best first"),
+    "optimizer": st.column_config.TextColumn("optimizer", width=95),
+    "precision": st.column_config.TextColumn("precision", width=95),
+    "checkpointing": st.column_config.CheckboxColumn("ckpt", width=45, help="gradient checkpointing"),
+    "micro-batch": st.column_config.NumberColumn("micro", width=55, help="sequences per micro-batch"),
+    "accumulation": st.column_config.NumberColumn("accum", width=55, help="gradient accumulation steps"),
+    "strategy": st.column_config.TextColumn("strategy", width=125),
+    "largest micro-batch": st.column_config.NumberColumn("max micro", width=75, help="largest micro-batch that fits"),
+    "largest sequence": st.column_config.NumberColumn("max seq", width=65,
+                                                      help="largest sequence length (tokens) that fits"),
+    "peak": st.column_config.TextColumn("peak", width=85, help="estimated peak per GPU, binary units"),
+    "peak (bytes)": st.column_config.NumberColumn("peak bytes", format="localized", width=105),
+    "step time (s)": st.column_config.NumberColumn("step (s)", format="%.3f", width=60,
+                                                   help="estimated time per optimizer step, seconds"),
+    "tokens/s": st.column_config.NumberColumn("tokens/s", format="%.0f", width=70),
+}
+
+
 def _apply(state: dict) -> None:
     # A callback runs before the rerun draws the sidebar, so its widgets may take new values.
     for key, value in state.items():
@@ -55,10 +76,7 @@ def render() -> None:
         st.warning("Nothing fits: try a larger GPU, a shorter sequence or a smaller batch.", icon=":material/block:")
         return
 
-    st.dataframe(fit_rows(result), hide_index=True, key="fit_table",
-                 column_config={"peak (bytes)": st.column_config.NumberColumn(format="localized"),
-                                "step time (s)": st.column_config.NumberColumn(format="%.3f"),
-                                "tokens/s": st.column_config.NumberColumn(format="%.0f")})
+    st.dataframe(fit_rows(result), hide_index=True, key="fit_table", column_config=FIT_COLUMNS)
     st.plotly_chart(fit_options_figure(result), width="stretch", key="fit_chart")
 
     # The labels themselves are the choices (not their positions): after a sidebar change

@@ -3,7 +3,7 @@
 import pytest
 
 from app_pages.breakdown import CATEGORY_LABELS
-from app_pages.figures import phase_breakdown_figure
+from app_pages.figures import CAPACITY_PREFIX, phase_breakdown_figure
 from planner.estimate import estimate
 from planner.loading import load_model_shape
 from planner.scenario import scenario_from_values
@@ -17,15 +17,20 @@ def checkpointed_gpt2():
     return estimate(load_model_shape("gpt2", scenario.task), scenario)
 
 
+def data_traces(figure) -> list:
+    """The figure's traces but the capacity line's legend entry (no data of its own)."""
+    return [trace for trace in figure.data if not trace.name.startswith(CAPACITY_PREFIX)]
+
+
 def test_bars_stack_each_category_per_phase_in_gib(checkpointed_gpt2):
     result = checkpointed_gpt2
     figure = phase_breakdown_figure(result, 16 * GIB)
     assert figure.layout.barmode == "stack"
-    assert [trace.name for trace in figure.data] == list(CATEGORY_LABELS.values())
-    for trace, field in zip(figure.data, CATEGORY_LABELS):
+    assert [trace.name for trace in data_traces(figure)] == list(CATEGORY_LABELS.values())
+    for trace, field in zip(data_traces(figure), CATEGORY_LABELS):
         assert list(trace.y) == pytest.approx([getattr(p, field) / GIB for p in result.phases])
         assert [row[0] for row in trace.customdata] == [f"{getattr(p, field):,}" for p in result.phases]
-    totals = [sum(trace.y[i] for trace in figure.data) for i in range(len(result.phases))]
+    totals = [sum(trace.y[i] for trace in data_traces(figure)) for i in range(len(result.phases))]
     assert totals == pytest.approx([p.total / GIB for p in result.phases])
     assert max(totals) == pytest.approx(result.peak_bytes / GIB)
 
@@ -41,8 +46,12 @@ def test_peak_phase_is_marked(checkpointed_gpt2):
 def test_capacity_line_only_when_given(checkpointed_gpt2):
     with_line = phase_breakdown_figure(checkpointed_gpt2, 40 * GIB)
     assert [shape.y0 for shape in with_line.layout.shapes] == [40.0]
-    assert "capacity 40.00 GiB" in with_line.layout.annotations[0].text
-    assert not phase_breakdown_figure(checkpointed_gpt2).layout.shapes
+    # Named in the legend, not by a label on the line that the bars reaching it would cover.
+    assert not with_line.layout.annotations
+    [entry] = [t for t in with_line.data if t.name == "capacity 40.00 GiB"]
+    assert entry.line.dash == "dash" and list(entry.y) == [None]
+    without = phase_breakdown_figure(checkpointed_gpt2)
+    assert not without.layout.shapes and data_traces(without) == list(without.data)
 
 
 # --- figures of the Plan, Techniques and Verify pages -----------------------------------------
@@ -62,7 +71,7 @@ def _capacity_lines(figure):
 def test_memory_vs_batch_has_a_line_per_technique_and_the_capacity():
     series = {"AdamW": [(1, GIB), (2, 2 * GIB), (4, None)], "8-bit": [(1, GIB // 2), (2, GIB), (4, 2 * GIB)]}
     figure = memory_vs_batch_figure(series, 3 * GIB)
-    assert [t.name for t in figure.data] == ["AdamW", "8-bit"]
+    assert [t.name for t in data_traces(figure)] == ["AdamW", "8-bit"]
     assert list(figure.data[0].x) == [1, 2, 4] and list(figure.data[0].y) == [1.0, 2.0, None]
     assert figure.layout.xaxis.type == "log" and "batch" in figure.layout.xaxis.title.text
     assert "GiB" in figure.layout.yaxis.title.text
@@ -73,7 +82,7 @@ def test_memory_vs_batch_has_a_line_per_technique_and_the_capacity():
 def test_technique_bars_group_estimated_and_measured():
     figure = technique_bars_figure(["a", "b"], [GIB, 2 * GIB], [None, GIB], 4 * GIB)
     assert figure.layout.barmode == "group"
-    assert [t.name for t in figure.data] == ["estimated", "measured"]
+    assert [t.name for t in data_traces(figure)] == ["estimated", "measured"]
     assert list(figure.data[0].y) == [1.0, 2.0] and list(figure.data[1].y) == [None, 1.0]
     assert "GiB" in figure.layout.yaxis.title.text
     assert [line.y0 for line in _capacity_lines(figure)] == [4.0]

@@ -37,6 +37,7 @@ TIMEOUT_S = 60
 SCENARIO_KEYS = ("task", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
                  "grad_accum", "attn", "device", "num_labels")
 PAGES = ("plan", "techniques", "verify", "report")
+TABLE_WIDTH_PX = 980  # a table's width in a 1,440 px browser window beside the sidebar (wide layout)
 
 
 @pytest.fixture(autouse=True)
@@ -194,6 +195,11 @@ def test_techniques_at_batch_1_say_why_accumulation_saves_nothing():
     assert accumulated["estimated peak (bytes)"] == table.loc["AdamW fp32 (baseline)", "estimated peak (bytes)"]
     [note] = [i.value for i in at.info if "accumulation" in i.value]
     assert note.startswith("A batch of 1 cannot be split") and "divisible by 2 or 4" in note
+    # Every column has a width and together they fit the page (see TABLE_WIDTH_PX): none cut off.
+    columns = json.loads(at.dataframe[0].proto.columns)
+    columns.pop("_index", None)  # the hidden index
+    assert set(columns) == set(table.reset_index().columns)
+    assert sum(c["width"] for c in columns.values()) <= TABLE_WIDTH_PX
     at.number_input(key="batch_size").set_value(8).run()
     assert not [i for i in at.info if "cannot be split" in i.value]
 
@@ -281,10 +287,16 @@ def test_verify_a_tiny_plan_for_real_in_simulate_mode():
 def test_report_offers_four_downloads_and_previews_the_plan():
     at = app("report")
     buttons = at.get("download_button")
-    assert [b.proto.label for b in buttons][1:] == ["Markdown", "CSV", "JSON"]
+    # Labels short enough for a quarter of the page (what each holds is in its help).
+    assert [b.proto.label for b in buttons] == ["HTML", "Markdown", "CSV", "JSON"]
+    assert "opens with no network" in buttons[0].proto.help
     shape, scenario = shape_for()
     peak = estimate(shape, scenario).peak_bytes
-    preview = at.markdown[-1].value
+    # The preview scrolls in a box of fixed height inside the expander, so its wide tables
+    # stay inside the border instead of running past it.
+    [box] = at.expander[0].children.values()
+    assert box.proto.height_config.pixel_height > 0
+    preview = list(box.children.values())[-1].value
     assert f"| Peak (total) | {peak} |" in preview
     assert "AdamW fp32 (baseline)" in preview
 

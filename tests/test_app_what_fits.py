@@ -2,6 +2,7 @@
 for the sidebar's scenario (checked against planner.fit called directly), and "apply
 this plan" writes the chosen combination into the shared sidebar controls."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from planner.strategy import ParallelPlan
 from planner.units import format_bytes
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
+TABLE_WIDTH_PX = 980  # a table's width in a 1,440 px browser window beside the sidebar (wide layout)
 
 
 @pytest.fixture(autouse=True)
@@ -52,6 +54,12 @@ def test_default_render_shows_the_ranking():
     assert len(at.get("plotly_chart")) == 1
     # The default GPU is a T4: Turing has no bf16 tensor cores, so 16-bit plans are fp16-mixed.
     assert set(table["precision"]) == {"fp32", "fp16-mixed"}
+    # Every column has a width, and together they fit the page's table width in a 1,440 px
+    # window (about 980 px beside the sidebar), so none is cut off at the right edge.
+    columns = json.loads(at.dataframe[0].proto.columns)
+    columns.pop("_index", None)  # the hidden index
+    assert set(columns) == set(table.columns)
+    assert sum(c["width"] for c in columns.values()) <= TABLE_WIDTH_PX
 
 
 def test_apply_writes_the_plan_into_the_sidebar():
