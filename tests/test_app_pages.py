@@ -162,7 +162,9 @@ def test_plan_charts_memory_against_batch_per_technique():
     assert len(charts) == 2
     figure = json.loads(charts[1].proto.spec)
     names = [trace["name"] for trace in figure["data"]]
-    assert names[0] == "AdamW fp32 (baseline)" and len(names) == len(TECHNIQUES) - 1
+    # One line per technique but plain accumulation, then the capacity line's legend entry.
+    assert names[0] == "AdamW fp32 (baseline)" and len(names) == (len(TECHNIQUES) - 1) + 1
+    assert names[-1].startswith("capacity ")
     assert any(shape.get("y0") == shape.get("y1") for shape in figure["layout"]["shapes"])  # capacity line
 
 
