@@ -291,6 +291,16 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
                      "time per sequence" if by_sequence else "step time", tuple(notes))
 
 
+def best_options_with_max_seq_len(shape: ModelShape, result: FitResult, count: int) -> FitResult:
+    """`result` cut to its `count` best options, each with its largest sequence searched:
+    what a report lists, without searching sequences for the options it leaves out (on CPU
+    kernels each search probes new sequence lengths, seconds per option)."""
+    best = tuple(dataclasses.replace(option, max_seq_len=max_seq_len(
+        shape, option.scenario, result.capacity_bytes, known_fit=option.scenario.seq_len,
+        plan=ParallelPlan(option.num_devices, option.strategy))) for option in result.options[:count])
+    return dataclasses.replace(result, options=best)
+
+
 def smallest_plan(shape: ModelShape, base: Scenario, seq_len: int,
                   num_devices: int = 1, gpu: GpuSpec | None = None) -> tuple[int, Scenario, Strategy]:
     """The searched combination (and strategy, with several GPUs) with the lowest per-GPU

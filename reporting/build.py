@@ -121,12 +121,13 @@ FIT_ROWS_SHOWN = 10
 def _fit_table(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int) -> pd.DataFrame:
     """The fit finder's best options (planner.fit) for the plan's effective batch and sequence."""
     from app_pages.fit_view import fit_rows
-    from planner.fit import FitTarget, find_fits
+    from planner.fit import FitTarget, best_options_with_max_seq_len, find_fits
     from planner.gpus import nearest_gpu
 
     target = FitTarget(scenario.seq_len, effective_batch=scenario.batch_size * scenario.grad_accum_steps * gpu_count)
-    result = find_fits(shape, scenario, capacity_bytes, target, nearest_gpu(capacity_bytes), gpu_count)
-    return pd.DataFrame(fit_rows(result)[:FIT_ROWS_SHOWN])
+    result = find_fits(shape, scenario, capacity_bytes, target, nearest_gpu(capacity_bytes), gpu_count,
+                       with_max_seq_len=False)
+    return pd.DataFrame(fit_rows(best_options_with_max_seq_len(shape, result, FIT_ROWS_SHOWN)))
 
 
 # --- renderings ---------------------------------------------------------------------------

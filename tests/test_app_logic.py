@@ -41,6 +41,7 @@ from planner.errors import PlannerInputError
 from planner.estimate import estimate
 from planner.loading import load_model_shape
 from planner.scenario import scenario_from_values
+from planner.strategy import ParallelPlan, Strategy
 from planner.units import GIB, MIB
 from reporting import build_report, render_report, report_for_values, write_report
 from runners.history import RunMode, RunRecord, RunStatus
@@ -328,6 +329,12 @@ def test_report_html_is_self_contained_and_escaped(report):
 def test_report_what_fits_has_its_largest_sequences_and_readable_numbers(report):
     fits = json.loads(render_report(report, "json"))["what_fits"]
     assert fits and all(isinstance(row["largest sequence"], int) for row in fits)
+    best = report.fits.iloc[0]
+    plan = scenario_from_values(**{**report.values, "optimizer": best["optimizer"], "precision": best["precision"],
+                                   "gradient_checkpointing": bool(best["checkpointing"]),
+                                   "batch_size": int(best["micro-batch"]), "grad_accum": int(best["accumulation"])})
+    assert fits[0]["largest sequence"] == max_seq_len(report.shape, plan, report.capacity_bytes,
+                                                      plan=ParallelPlan(2, Strategy(best["strategy"])))
     page = render_report(report, "html")
     cells = re.findall(r"<td>([^<]*)</td>", page)
     assert f"{report.fits['step time (s)'].iloc[0]:,.2f}" in cells
