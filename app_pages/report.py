@@ -51,11 +51,10 @@ def render() -> None:
         column.download_button(label, data=data, file_name=export_file_name(context.name, fmt), mime=MIME_TYPES[fmt],
                                key=f"download_{fmt}", width="stretch", on_click="ignore", help=FORMAT_HELP[fmt],
                                icon=":material/download:")
-    with st.expander("Markdown preview", expanded=True):
-        # A scrolling box of its own: the report's wide tables scroll inside the border
-        # instead of running past it.
-        with st.container(height=PREVIEW_HEIGHT_PX, border=False):
-            st.markdown(render_report(report, "md"))
+    # A scrolling box of its own inside the expander: the report's wide tables scroll inside
+    # the border instead of running past it.
+    with st.expander("Markdown preview", expanded=True), st.container(height=PREVIEW_HEIGHT_PX, border=False):
+        st.markdown(render_report(report, "md"))
 
 
 render()

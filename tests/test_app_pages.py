@@ -17,6 +17,7 @@ from app_pages import run_queue
 from app_pages.comparison import TECHNIQUES, compare_techniques
 from planner.fit import fit_limits
 from app_pages.inputs import DEFAULTS, GPU_PRESETS
+from app_pages.verify_results import measured_device, plan_request
 from planner.catalog import CATALOG_DIR
 from planner.config_source import config_from_bytes
 from planner.errors import PlannerInputError
@@ -26,7 +27,6 @@ from planner.parallel import parallel_estimate
 from planner.scenario import Task, scenario_from_values
 from planner.strategy import ParallelPlan, Strategy
 from planner.units import format_bytes
-from app_pages.verify_results import measured_device, plan_request
 from runners import verify
 from runners.history import RunHistory
 from runners.verify import cuda_is_likely_available, plan_run
