@@ -97,6 +97,8 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", required=True, help="FILE.html, FILE.md, FILE.csv or FILE.json")
     report.add_argument("--gpu", help="GPU preset name or capacity in GiB, for the fits / does not fit verdict")
     report.add_argument("--gpu-count", default="1", help="number of GPUs")
+    report.add_argument("--strategy", default=Strategy.DDP.value, choices=[s.value for s in MULTI_DEVICE_STRATEGIES],
+                        help="what each GPU holds when --gpu-count > 1 (default ddp): the plan is per GPU under it")
     report.add_argument("--run-steps", default=None,
                         help="optimizer steps the Multiple GPUs section's local SGD comparison counts over "
                              "(default 1000; with --gpu-count above 1)")

@@ -361,10 +361,12 @@ def test_write_report_from_cli_values(tmp_path, monkeypatch):
     values = {"config": "gpt2", "task": "causal-lm", "batch_size": "4", "seq_len": "256", "optimizer": "adamw",
               "precision": "fp32", "gradient_checkpointing": False, "grad_accum": "1", "attn": "sdpa",
               "device": "cuda", "num_labels": "2", "engine": "accelerate", "gpu": "24", "gpu_count": "2",
-              "hub": False, "command": "report", "out": "ignored"}
+              "strategy": "zero2", "hub": False, "command": "report", "out": "ignored"}
     out = write_report(values, tmp_path / "plan.json")
     data = json.loads(out.read_text())
     assert data["plan"]["capacity_bytes"] == 24 * GIB and data["plan"]["gpu_count"] == 2
+    assert data["plan"]["estimate"]["strategy"] == "zero2"  # the plan per GPU under --strategy
+    assert data["plan"]["estimate"]["placement"]["gradients"] == "sharded 2 ways"
     assert data["plan"]["estimate"]["peak_bytes"] == peak(load_model_shape("gpt2", scenario_from_values(
         task="causal-lm", batch_size=1, seq_len=1).task), batch_size=4, seq_len=256, optimizer="adamw",
         precision="fp32", gradient_checkpointing=False, grad_accum=1)
