@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -46,6 +47,8 @@ class AdapterCount:
     trainable_parameters: int  # PEFT's get_nb_trainable_parameters()[0]
     trainable_bytes: int  # in the dtypes PEFT leaves them
     all_parameters: int  # PEFT's get_nb_trainable_parameters()[1]
+    all_bytes: int  # every parameter of the wrapped model (frozen base, adapters, trained head copies)
+    trainable: tuple[tuple[str, tuple[int, ...], int], ...]  # (name, shape, bytes per element)
 
 
 @dataclass(frozen=True)
@@ -107,8 +110,11 @@ def adapter_count(source_config: str, task: Task, num_labels: int, finetune: Fin
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise PlannerInputError(f"LoRA cannot wrap this model: {first[:200]}") from None
     trainable, total = peft_model.get_nb_trainable_parameters()
-    trainable_bytes = sum(p.numel() * p.element_size() for p in peft_model.parameters() if p.requires_grad)
-    return AdapterCount(int(trainable), int(trainable_bytes), int(total))
+    tensors = tuple((name, tuple(p.shape), p.element_size()) for name, p in peft_model.named_parameters()
+                    if p.requires_grad)
+    trainable_bytes = sum(math.prod(shape) * size for _, shape, size in tensors)
+    all_bytes = sum(p.numel() * p.element_size() for p in peft_model.parameters())
+    return AdapterCount(int(trainable), int(trainable_bytes), int(total), int(all_bytes), tensors)
 
 
 @functools.lru_cache(maxsize=64)

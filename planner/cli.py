@@ -14,6 +14,7 @@ from planner.catalog import catalog_entries
 from planner.errors import PlannerInputError
 from planner.probe.cache import probe_progress
 from planner.estimate import Estimate, estimate
+from planner.finetune import ALL_LINEAR, FINETUNE_KEYS, QUANT_TYPES, Method
 from planner.fit import SHARDING_NOTE, FitResult, FitTarget, smallest_plan
 from planner.gpus import GPUS, gpu_spec, nearest_gpu
 from planner.loading import load_model_shape
@@ -50,6 +51,27 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="accelerate", choices=[e.value for e in Engine],
                         help="training loop: the lessons' Accelerate loop (default) or transformers' Trainer")
     parser.add_argument("--hub", action="store_true", help="allow fetching --config from the Hugging Face hub")
+    add_finetune_flags(parser)
+
+
+def add_finetune_flags(parser: argparse.ArgumentParser) -> None:
+    """PEFT's LoraConfig and transformers' BitsAndBytesConfig, as a user writes them."""
+    parser.add_argument("--finetune", default="full", choices=[m.value for m in Method],
+                        help="full fine-tuning (default), or LoRA adapters on a frozen base")
+    parser.add_argument("--lora-r", default="16", help="LoRA rank r (default 16)")
+    parser.add_argument("--lora-alpha", default=None, help="LoRA alpha (default 2 x r)")
+    parser.add_argument("--lora-dropout", default="0.05", help="LoRA dropout probability (default 0.05)")
+    parser.add_argument("--lora-targets", default=ALL_LINEAR,
+                        help="all-linear (default) or module names, comma-separated (q_proj,v_proj)")
+    parser.add_argument("--quant-type", default="nf4", choices=list(QUANT_TYPES), help="QLoRA's 4-bit type")
+    parser.add_argument("--double-quant", default=True, action=argparse.BooleanOptionalAction,
+                        help="QLoRA: quantise the quantisation constants too (default on)")
+
+
+def finetune_values(args: argparse.Namespace) -> dict:
+    return {"finetune": args.finetune, "lora_r": args.lora_r, "lora_alpha": args.lora_alpha,
+            "lora_dropout": args.lora_dropout, "lora_targets": args.lora_targets, "quant_type": args.quant_type,
+            "double_quant": args.double_quant}
 
 
 def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
@@ -124,6 +146,9 @@ def parallel_from_values(values: dict, base_dir: Path | None = None, allow_hub: 
     """The single-device estimate (`.base`) and its multi-device plan from user-facing values."""
     plan = plan_from_values(values)
     shape, base = _shape_and_estimate(values, base_dir, allow_hub)
+    if base.scenario.finetune.uses_adapters and (plan.distributed or plan.local_sgd_steps is not None):
+        raise PlannerInputError("LoRA across several devices is not planned yet: use one device "
+                                "(--num-devices 1, no local SGD)")
     return parallel_estimate(shape, base.scenario, plan, base=base)
 
 
@@ -146,7 +171,7 @@ def _shape_and_estimate(values: dict, base_dir: Path | None, allow_hub: bool) ->
         raise PlannerInputError("scenario has no 'task': use sequence-classification, causal-lm or masked-lm")
     known = {"id", "config", "task", "num_labels", "batch_size", "seq_len", "optimizer", "precision",
              "gradient_checkpointing", "grad_accum", "attn", "device", "engine",
-             *PARALLEL_KEYS}
+             *FINETUNE_KEYS, *PARALLEL_KEYS}
     unknown = sorted(set(values) - known)
     if unknown:
         raise PlannerInputError(f"unknown scenario key(s) {', '.join(map(repr, unknown))}: allowed are {', '.join(sorted(known))}")
@@ -194,7 +219,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
               "seq_len": args.seq_len, "optimizer": args.optimizer, "precision": args.precision,
               "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
               "attn": args.attn, "device": args.device, "engine": args.engine, "num_devices": args.num_devices,
-              "strategy": args.strategy, "local_sgd_steps": args.local_sgd_steps}
+              "strategy": args.strategy, "local_sgd_steps": args.local_sgd_steps, **finetune_values(args)}
     if args.json:
         print(json.dumps(result_json(values, base_dir=Path.cwd(), allow_hub=args.hub)))
         return 0
@@ -264,6 +289,9 @@ def _run_batch(args: argparse.Namespace) -> int:
 def _run_report(args: argparse.Namespace) -> int:
     from reporting import write_report
 
+    if args.finetune != Method.FULL.value:
+        raise PlannerInputError("reports compare full fine-tuning techniques only so far: "
+                                "plan LoRA with `python -m planner estimate --finetune lora`")
     print(write_report(vars(args), args.out))
     return 0
 

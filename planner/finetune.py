@@ -19,6 +19,8 @@ from planner.errors import PlannerInputError
 
 ALL_LINEAR = "all-linear"
 QUANT_TYPES = ("nf4", "fp4")
+# `planner batch` keys (and the dashboard's URL keys) of the method.
+FINETUNE_KEYS = ("finetune", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "quant_type", "double_quant")
 
 
 class Method(enum.Enum):
