@@ -21,6 +21,12 @@ process whose command line holds this run's private temp dir (torchrun and each 
 carry the JOB.json path in their argv), then torchrun's own group, and reaps torchrun.
 A rank's own children share its group, so they go with it.
 
+When this process is SIGKILLed and cannot clean up, the kernel does it: torchrun is
+started through runners.parent_death (SIGKILL when this process dies) and each rank asks
+the same of torchrun, so the whole run dies with its starter. The private temp dir is a
+runners.scratch folder, also every process's TMPDIR (torch elastic's logs land in it): it
+is removed after the run, and a SIGKILLed starter's is swept by the next run.
+
 Known limitations: a process that moves itself into another session and drops the job
 path from its argv escapes the clean-up. The RAM pre-flight check is N times the
 planner's per-device peak (planner.parallel) with the one-process safety margin.
@@ -34,11 +40,9 @@ import json
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -49,8 +53,10 @@ from planner.scenario import Device
 from planner.strategy import ParallelPlan, Strategy
 from planner.units import format_bytes
 from runners.isolation import exited, read_tail
+from runners.parent_death import PARENT_PID_ENV, wrapper_command
 from runners.rank_worker import VERIFIED_STRATEGIES
 from runners.request import Mode, VerifyRequest
+from runners.scratch import env_with_tmpdir, scratch_dir
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TAIL_LINES = 400  # stderr + stdout lines read for the reason (a rank's traceback precedes torchrun's own)
@@ -147,15 +153,16 @@ def plan_distributed(request: VerifyRequest, strategy: Strategy, num_processes: 
 # --- processes ---------------------------------------------------------------------------
 
 def _torchrun_command(num_processes: int, job: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(num_processes),
-            "--max_restarts", "0", "-m", "runners.rank_worker", str(job), str(out)]
+    return wrapper_command(os.getpid(), [
+        "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(num_processes),
+        "--max_restarts", "0", "-m", "runners.rank_worker", str(job), str(out)])
 
 
-def _env() -> dict:
-    env = dict(os.environ)
+def _env(workdir: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != PARENT_PID_ENV}  # a rank's parent is torchrun
     env.setdefault("OMP_NUM_THREADS", "1")  # N ranks share the cores; torchrun would say the same
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
+    return env_with_tmpdir(env, workdir)
 
 
 def _read_stdout(stream, events: queue.Queue, tail: deque) -> None:
@@ -338,13 +345,10 @@ def run_planned(plan: DistributedPlan, timeout_s: float, on_progress: Callable[[
         return _base(plan, "refused", plan.refusal)
     started = time.monotonic()
     deadline = started + timeout_s
-    workdir = Path(tempfile.mkdtemp(prefix="planner-launch-"))
-    job, out = workdir / "job.json", workdir / "out"
-    try:
+    with scratch_dir("launch") as workdir:
+        job, out = workdir / "job.json", workdir / "out"
         write_job(plan.request, plan.strategy, job)
         return _launch(plan, job, out, started, deadline, timeout_s, on_progress, cancel)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def write_job(request: VerifyRequest, strategy: Strategy, path: Path) -> Path:
@@ -357,8 +361,8 @@ def _launch(plan: DistributedPlan, job: Path, out: Path, started: float, deadlin
             on_progress, cancel) -> dict:
     try:
         proc = subprocess.Popen(_torchrun_command(plan.num_processes, job, out), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=PROJECT_ROOT, env=_env(),
-                                start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=PROJECT_ROOT,
+                                env=_env(job.parent), start_new_session=True)
     except OSError as error:
         return _base(plan, "failed", f"could not start torchrun: {error}")
     events: queue.Queue = queue.Queue()

@@ -210,4 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from runners.parent_death import die_with_parent
+
+    die_with_parent()  # its launcher (torchrun) dead, SIGKILLed: this rank goes too
     raise SystemExit(main())

@@ -17,7 +17,8 @@ dashboard call.
    is interrupted);
 5. runs the request in a child process (runners.isolation) and answers one dict:
    run_id, status, mode, engine, measured, estimated (Estimate.to_json()), errors_pct,
-   environment, reason, oom_requested_bytes, child, unrecorded.
+   environment, reason, oom_requested_bytes, child, unrecorded, memory_limit_bytes (the
+   child's limit, runners.memory_limit: from this estimate and the free RAM; None for cuda).
 
 `unrecorded` is None once the outcome is in the history. When the history cannot store it
 (its database deleted, replaced or damaged during the run) the outcome is kept in a file
@@ -53,6 +54,7 @@ from planner.scenario import Device
 from planner.units import GIB, format_bytes
 from runners.history import RunHistory, RunMode, RunStatus
 from runners.isolation import run_in_child
+from runners.memory_limit import memory_limit_for
 from runners.request import SIMULATE_NEEDS_ACCELERATE, Engine, Mode, VerifyRequest
 from runners.unrecorded import finish_or_keep
 
@@ -206,12 +208,16 @@ def verify(request: VerifyRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
                "estimate": estimated}
     base = {"run_id": run_id, "mode": plan.request.mode.value, "engine": plan.request.engine.value,
             "measured": None, "estimated": estimated, "errors_pct": None, "environment": None,
-            "oom_requested_bytes": None, "child": None}
+            "oom_requested_bytes": None, "child": None, "memory_limit_bytes": None}
     if plan.refusal is not None:
         unrecorded = finish_or_keep(history, run_id, RunStatus.REFUSED, started, reason=plan.refusal)
         return {**base, "status": RunStatus.REFUSED.value, "reason": plan.refusal, "unrecorded": unrecorded}
+    needed = cpu_ram_needed_bytes(plan.estimate) if plan.request.mode is Mode.CPU else None
+    limit = memory_limit_for(plan.request.mode.value, needed, available_ram_bytes())
+    base["memory_limit_bytes"] = limit
     try:
-        outcome = run_in_child(plan.request, timeout_s, on_progress, on_start=on_start, cancel=cancel)
+        outcome = run_in_child(plan.request, timeout_s, on_progress, on_start=on_start, cancel=cancel,
+                               memory_limit_bytes=limit)
     except BaseException as error:
         status = RunStatus.FAILED if isinstance(error, Exception) else RunStatus.KILLED
         finish_or_keep(history, run_id, status, started,

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from conftest import CONFIGS, tiny_config
 from planner.strategy import Strategy
-from runners import launch
+from runners import launch, scratch
 from runners.history import RunHistory
 from runners.launch import processes_holding, run_distributed
 from runners.request import Mode, VerifyRequest
@@ -30,17 +31,26 @@ def request(mode: Mode = Mode.CPU, fault: str | None = None, steps: int = 4) -> 
 
 
 @pytest.fixture
-def launched(monkeypatch) -> list[str]:
-    """The private temp dir of every run started (every process of a run carries it in its argv)."""
+def launched(monkeypatch, tmp_path) -> list[str]:
+    """The private temp dir of every run started (every process of a run carries it in its argv).
+    The system temp dir is a fresh folder for the test, empty again once the run is over."""
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private_tmp))  # torchrun and the ranks inherit it
+    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
     dirs: list[str] = []
-    real_mkdtemp = launch.tempfile.mkdtemp
+    real_mkdtemp = scratch.tempfile.mkdtemp
 
     def recording_mkdtemp(*args, **kwargs):
         dirs.append(real_mkdtemp(*args, **kwargs))
         return dirs[-1]
 
-    monkeypatch.setattr(launch.tempfile, "mkdtemp", recording_mkdtemp)
-    return dirs
+    monkeypatch.setattr(scratch.tempfile, "mkdtemp", recording_mkdtemp)
+    yield dirs
+    # torch elastic writes its logs under TMPDIR (torchelastic_*): a run must take them along.
+    # torchinductor_<user> is torch's compile cache, made by this test process's own torch.
+    left = [name for name in os.listdir(private_tmp) if not name.startswith("torchinductor_")]
+    assert left == [], "the run left temporary files behind"
 
 
 def assert_nothing_left(dirs: list[str]) -> None:
