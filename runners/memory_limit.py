@@ -29,7 +29,7 @@ GIB = 2**30
 LIMIT_FACTOR = 1.5  # the estimate's safety margin is already in "needed"; this is the tolerance beyond it
 ADDRESS_SPACE_SLACK_BYTES = 1 * GIB
 MEMORY_LIMIT_ENV = "PLANNER_MEMORY_LIMIT_BYTES"
-_ALLOCATION_FAILURES = ("can't allocate memory", "not enough memory", "std::bad_alloc", "Cannot allocate memory")
+ALLOCATION_FAILURES = ("can't allocate memory", "not enough memory", "std::bad_alloc", "Cannot allocate memory")
 
 
 def memory_limit_for(mode: str, needed_bytes: int | None, available_bytes: int | None) -> int | None:
@@ -73,7 +73,7 @@ def apply_from_env() -> int | None:
 def is_allocation_failure(error: BaseException) -> bool:
     """An allocation refused under the limit: MemoryError, or torch's CPU allocator failing."""
     return isinstance(error, MemoryError) or (isinstance(error, RuntimeError)
-                                              and any(text in str(error) for text in _ALLOCATION_FAILURES))
+                                              and any(text in str(error) for text in ALLOCATION_FAILURES))
 
 
 def over_limit_reason(limit_bytes: int, detail: str) -> str:

@@ -113,6 +113,26 @@ def test_auto_mode_resolves_to_cpu_without_enough_gpus():
     assert plan.request.mode is Mode.CUDA and plan.request.scenario["device"] == "cuda" and plan.refusal is None
 
 
+def test_each_cpu_rank_gets_a_memory_limit_from_its_estimate_and_a_share_of_free_ram(monkeypatch, tmp_path):
+    from planner.loading import model_shape_for_config
+    from planner.parallel import parallel_estimate
+    from planner.strategy import ParallelPlan
+    from runners import verify as verify_module
+    from runners.memory_limit import MEMORY_LIMIT_ENV
+
+    planned = launch.plan_distributed(request(), Strategy.DDP, 2, check_ram=False).request  # device: cpu
+    scenario = planned.parsed_scenario()
+    shape = model_shape_for_config(planned.config, scenario.task, scenario.num_labels, planned.model_name)
+    per_rank = parallel_estimate(shape, scenario, ParallelPlan(2, Strategy.DDP)).per_device_peak_bytes
+    needed = verify_module.ram_needed_for_peak(per_rank)
+    for free, expected in ((64 * 2**30, int(needed * 1.5)), (int(needed * 2.4), int(needed * 1.2))):
+        monkeypatch.setattr(verify_module, "available_ram_bytes", lambda free=free: free)
+        plan = launch.plan_distributed(request(), Strategy.DDP, 2)
+        assert plan.refusal is None and plan.memory_limit_bytes == expected  # 1.5 x needed, or half the free RAM
+    env = launch._env(tmp_path, plan.memory_limit_bytes)  # torchrun's, which each rank inherits and applies
+    assert env[MEMORY_LIMIT_ENV] == str(expected) and env["TMPDIR"] == str(tmp_path)
+
+
 def test_cli_two_rank_ddp_run_has_equal_replicas_and_is_recorded(tmp_path):
     data_dir = tmp_path / "data"
     env = {**os.environ, "PLANNER_DATA_DIR": str(data_dir)}
