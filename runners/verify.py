@@ -198,8 +198,8 @@ def verify(request: VerifyRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
     HistoryError for a history that cannot be opened (nothing is recorded or run then),
     and re-raises the caller's own interruption after recording it.
     """
+    history = history if history is not None else RunHistory()  # a database fault stops us before any work
     plan = plan_run(request)
-    history = history if history is not None else RunHistory()
     estimated = plan.estimate.to_json()
     run_mode = RunMode(plan.request.mode.value)
     scenario_record = _scenario_record(plan, request)
