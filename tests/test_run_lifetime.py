@@ -2,7 +2,8 @@
 a SIGKILLed or SIGTERMed `runners verify` takes its hung child along and the next
 `runners history` shows the run as killed; a child that allocates past its memory limit
 ends as "oom" with the limit in its reason; scratch folders of a dead starter are swept;
-a measured result the history cannot store is kept in a file beside it.
+a measured result the history cannot store is kept in a file beside it; a broken history
+is one line from `verify` and `history`, not a traceback.
 (Faults inside a run: test_isolation.py; ranks of a distributed run: test_distributed_launch.py.)
 """
 
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from conftest import CONFIGS, tiny_config
 from runners.history import RunHistory, RunStatus
@@ -172,3 +175,26 @@ def test_verify_cli_reports_a_result_it_could_not_record(tmp_path, capsys, monke
     assert code == 1 and result["status"] == "failed"
     assert result["unrecorded"]["kept_in"] and Path(result["unrecorded"]["kept_in"]).exists()
     assert f"run {result['run_id']} was not recorded" in err and "no such table" not in err
+
+
+def _garbage_database(data: Path) -> None:
+    data.mkdir()
+    (data / "runs.sqlite3").write_bytes(b"not a database " * 64)
+
+
+def _data_dir_is_a_file(data: Path) -> None:
+    data.write_text("a file where the data directory should be")
+
+
+@pytest.mark.parametrize("make", [_garbage_database, _data_dir_is_a_file])
+@pytest.mark.parametrize("command", [["history"], ["verify", *CATALOG, "--mode", "simulate"]])
+def test_cli_says_one_line_for_a_broken_history_not_a_traceback(tmp_path, capsys, monkeypatch, make, command):
+    from runners import cli
+
+    make(tmp_path / "data")
+    monkeypatch.setenv("PLANNER_DATA_DIR", str(tmp_path / "data"))
+    code = cli.main(command)
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith("runners: error: the run history") and err.count("\n") == 1
+    assert "PLANNER_DATA_DIR" in err
