@@ -14,8 +14,8 @@ SIGKILLed parent takes it along) and puts itself under the run's memory limit
 Every failure becomes a result, not a traceback: an exception is status "failed" with a
 one-line reason ("Type: message"); torch.OutOfMemoryError is status "oom" with the size
 the allocator was asked for, and so is an allocation refused under the memory limit (its
-reason starts "over the run's memory limit"). Only a signal (SIGKILL, the OOM killer, a segfault) ends the
-process without a result line; the parent reports those.
+reason starts "over the run's memory limit"). Only a signal (SIGKILL, the OOM killer, a
+segfault) ends the process without a result line; the parent reports those.
 
 `request.inject_fault` (tests only, runners.request.INJECTABLE_FAULTS) stages a failure
 before the real work starts, so every failure path runs through a real process.

@@ -29,6 +29,7 @@ GIB = 2**30
 LIMIT_FACTOR = 1.5  # the estimate's safety margin is already in "needed"; this is the tolerance beyond it
 ADDRESS_SPACE_SLACK_BYTES = 1 * GIB
 MEMORY_LIMIT_ENV = "PLANNER_MEMORY_LIMIT_BYTES"
+MALLOC_ARENAS = 2  # unless the caller's environment sets MALLOC_ARENA_MAX itself
 ALLOCATION_FAILURES = ("can't allocate memory", "not enough memory", "std::bad_alloc", "Cannot allocate memory")
 
 
@@ -47,8 +48,13 @@ def memory_limit_for(mode: str, needed_bytes: int | None, available_bytes: int |
 
 
 def env_with_limit(env: dict, limit_bytes: int | None) -> dict:
+    """`env` for a child under `limit_bytes`. glibc reserves 64 MiB of address space per
+    malloc arena, up to 8 per core, and torch's threads each take one: on a many-core
+    machine that alone would exhaust the slack, so arenas are capped (MALLOC_ARENA_MAX)."""
     env = {k: v for k, v in env.items() if k != MEMORY_LIMIT_ENV}
-    return env if limit_bytes is None else {**env, MEMORY_LIMIT_ENV: str(int(limit_bytes))}
+    if limit_bytes is None:
+        return env
+    return {"MALLOC_ARENA_MAX": str(MALLOC_ARENAS), **env, MEMORY_LIMIT_ENV: str(int(limit_bytes))}
 
 
 def apply_from_env() -> int | None:

@@ -75,9 +75,9 @@ def identity_of(pid: int) -> ProcessIdentity | None:
 
 
 def current() -> ProcessIdentity:
-    me = identity_of(os.getpid())
-    assert me is not None, "this process is alive"
-    return me
+    # identity_of reads /proc/self/stat, which a live process always has; the fallback
+    # (start time unknown: only the pid is checked) covers a /proc that cannot be read.
+    return identity_of(os.getpid()) or ProcessIdentity(socket.gethostname(), _boot_id(), os.getpid(), None)
 
 
 def _pid_exists(pid: int) -> bool:

@@ -22,7 +22,13 @@ import pytest
 from conftest import CONFIGS, tiny_config
 from runners.history import RunHistory, RunStatus
 from runners.isolation import run_in_child
-from runners.memory_limit import ADDRESS_SPACE_SLACK_BYTES, GIB, memory_limit_for
+from runners.memory_limit import (
+    ADDRESS_SPACE_SLACK_BYTES,
+    GIB,
+    MEMORY_LIMIT_ENV,
+    env_with_limit,
+    memory_limit_for,
+)
 from runners.process_identity import current
 from runners.request import Mode, VerifyRequest
 from runners.scratch import scratch_dir, sweep_orphans
@@ -128,6 +134,10 @@ def test_memory_limit_is_derived_from_the_estimate_and_free_ram():
     assert memory_limit_for("cpu", needed, None) == int(needed * 1.5)
     assert memory_limit_for("simulate", None, 5 * GIB) == 5 * GIB
     assert memory_limit_for("cuda", needed, 5 * GIB) is None
+    # The child's environment: the limit, and glibc's arenas capped unless the caller chose.
+    assert env_with_limit({"PATH": "/bin"}, 123) == {"PATH": "/bin", MEMORY_LIMIT_ENV: "123", "MALLOC_ARENA_MAX": "2"}
+    assert env_with_limit({"MALLOC_ARENA_MAX": "8"}, 123)["MALLOC_ARENA_MAX"] == "8"
+    assert env_with_limit({MEMORY_LIMIT_ENV: "5"}, None) == {}
 
 
 def test_scratch_folders_of_a_dead_owner_are_swept_and_a_live_ones_kept(tmp_path):
