@@ -103,14 +103,15 @@ def _distributed_runs() -> None:
         if job.finished:
             result = job.result or {}
             if job.status == "ok":
-                st.success(f"{markdown_text(job.label)}: ok, largest rank peak {format_bytes(result.get('max_rank_peak_bytes'))}; "
+                peak = format_bytes(result.get("max_rank_peak_bytes"))
+                st.success(f"{markdown_text(job.label)}: ok, largest rank peak {peak}; "
                            f"recorded as run {result.get('run_id')}.", icon=":material/check_circle:")
             else:
                 st.error(markdown_text(f"{job.label}: {job.status}. {job.error or result.get('reason') or ''}"),
                          icon=":material/error:")
             continue
         where = "running now" if view.position == 0 else f"waiting, {view.position} ahead in the queue"
-        st.progress(job.fraction, text=f"{markdown_text(job.label)}: {where} · {job.stage}")
+        st.progress(job.fraction, text=markdown_text(f"{job.label}: {where} · {job.stage}"))  # stage: a reason
         if st.button("Cancel", key=f"mgpu_cancel_{job.id}",
                      help="Drop it from the queue, or stop it (every rank is killed; the history records it)."):
             get_queue().cancel(_session_id(), job.id)

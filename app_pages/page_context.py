@@ -57,8 +57,8 @@ def _estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
     """A CPU-kernel estimate of a model never probed runs the probe first (seconds): show it."""
     if scenario.device is not Device.CPU or is_ready(shape, scenario):
         return estimate(shape, scenario)
-    with st.status(f"Probing {markdown_text(shape.name)}'s own training step on fake tensors (once per model and technique)…",
-                   expanded=True) as status, probe_progress(status.write):
+    label = f"Probing {markdown_text(shape.name)}'s own training step on fake tensors (once per model and technique)…"
+    with st.status(label, expanded=True) as status, probe_progress(status.write):
         result = estimate(shape, scenario)
         status.update(label="Probed the model's own training step", state="complete", expanded=False)
     return result
@@ -67,7 +67,8 @@ def _estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
 def model_caption(shape: ModelShape) -> str:
     positions = f", {shape.max_positions:,} positions" if shape.max_positions is not None else ""
     # The name is the user's (an upload's file name): Markdown-escaped, so it is only text.
-    return f"**{markdown_text(shape.name)}**: {markdown_text(shape.architecture)}, {shape.num_parameters:,} parameters{positions}"
+    return (f"**{markdown_text(shape.name)}**: {markdown_text(shape.architecture)}, "
+            f"{shape.num_parameters:,} parameters{positions}")
 
 
 def start_page(title: str) -> PageContext | None:

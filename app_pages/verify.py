@@ -62,7 +62,7 @@ def _live_runs() -> None:
         job = view.job
         where = ("running now" if view.position == 0 else
                  f"waiting, {view.position} ahead in the queue" if view.position is not None else job.status)
-        st.progress(job.fraction, text=f"{markdown_text(job.label)}: {where} · {job.stage}")
+        st.progress(job.fraction, text=markdown_text(f"{job.label}: {where} · {job.stage}"))  # stage: a reason
         if not job.finished and st.button("Cancel", key=f"cancel_{job.id}", help="Drop it from the queue, or "
                                           "stop it (its child process is killed; the history records it)."):
             get_queue().cancel(_session_id(), job.id)
@@ -86,8 +86,8 @@ def _live_runs() -> None:
                         key="session_categories_chart")
     for job in (v.job for v in views):
         if job.finished and job.status != "ok":
-            st.warning(markdown_text(f"{job.label}: {job.status}. {job.error or (job.result or {}).get('reason') or ''}"),
-                       icon=":material/warning:")
+            why = job.error or (job.result or {}).get("reason") or ""
+            st.warning(markdown_text(f"{job.label}: {job.status}. {why}"), icon=":material/warning:")
 
 
 def _live_runs_fragment() -> None:
