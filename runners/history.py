@@ -25,8 +25,9 @@ Runs never stay `running` for ever: each unfinished run records its owner, the p
 that started it (runners.process_identity: host, boot, pid and start time), and every
 open of the history marks the unfinished runs whose owner is gone as `killed`, with the
 reason (the owner was killed by a signal, e.g. SIGKILL or the out-of-memory killer, or
-crashed, before it could record an outcome). `mark_stale_running_as_failed` remains for
-runs without an owner (recorded before schema version 2): the caller decides those.
+crashed, before it could record an outcome). Runs without an owner (recorded before
+schema version 2) are marked so once a day old; `mark_stale_running_as_failed` lets a
+caller decide sooner.
 
 Faults: every operation raises runners.history_errors.HistoryError, one line saying what
 is wrong and how to recover, for a garbage, damaged, read-only, newer-schema or deleted
@@ -49,7 +50,7 @@ import time
 import uuid
 from contextlib import closing
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
 
@@ -60,6 +61,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR_ENV = "PLANNER_DATA_DIR"
 DB_FILENAME = "runs.sqlite3"
 BUSY_TIMEOUT_S = 30.0  # a writer holds the lock for one statement: milliseconds
+OWNERLESS_STALE_AFTER = timedelta(days=1)  # see mark_runs_of_dead_owners
 
 
 class RunStatus(enum.Enum):
@@ -340,6 +342,14 @@ class RunHistory:
                     "UPDATE runs SET status = ?, finished_at = ?, reason = ? "
                     "WHERE id = ? AND owner = ? AND status IN ('queued', 'running')",
                     (RunStatus.KILLED.value, _now(), reason, row["id"], row["owner"])).rowcount
+            # Runs recorded before owners were (schema version 1) cannot be checked; one still
+            # unfinished a day on is past any time limit the dashboard or the CLI's default sets.
+            cutoff = (datetime.now(timezone.utc) - OWNERLESS_STALE_AFTER).isoformat(timespec="microseconds")
+            marked += con.execute(
+                "UPDATE runs SET status = ?, finished_at = ?, reason = ? "
+                "WHERE owner IS NULL AND status IN ('queued', 'running') AND created_at < ?",
+                (RunStatus.KILLED.value, _now(), "recorded before run owners were tracked and still unfinished a "
+                 "day later: its process is gone; marked when the run history was next opened", cutoff)).rowcount
             return marked
 
     # --- reads ---------------------------------------------------------------------------

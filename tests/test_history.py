@@ -493,3 +493,16 @@ def test_database_deleted_while_in_use_is_an_error_not_a_new_empty_file(tmp_path
     with pytest.raises(HistoryError, match="deleted while in use"):
         store.finish_run(run_id, "ok", measurement={"peak_bytes": 1})
     assert not path.exists()
+
+
+def test_unfinished_run_from_before_owners_is_marked_once_a_day_old(tmp_path):
+    path = tmp_path / "runs.sqlite3"
+    store = RunHistory(path)
+    old, recent = (store.start_run("m", "cpu", SCENARIO, ESTIMATE) for _ in range(2))
+    day_ago = (datetime.now(timezone.utc) - timedelta(days=1, minutes=1)).isoformat(timespec="microseconds")
+    with _raw(path) as con:  # as a version-1 database left them: no owner
+        con.execute("UPDATE runs SET owner = NULL")
+        con.execute("UPDATE runs SET created_at = ? WHERE id = ?", (day_ago, old))
+    reopened = RunHistory(path)
+    assert reopened.get(old).status is RunStatus.KILLED and "before run owners" in reopened.get(old).reason
+    assert reopened.get(recent).status is RunStatus.RUNNING
