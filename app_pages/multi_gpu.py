@@ -38,6 +38,7 @@ from planner.strategy import MAX_DEVICES, Strategy
 from planner.units import format_bytes
 from runners.launch import plan_distributed
 from runners.rank_worker import VERIFIED_STRATEGIES
+from runners.unrecorded import unrecorded_note
 
 BYTES = st.column_config.NumberColumn(format="localized")
 PERCENT = st.column_config.NumberColumn(format="%.1f%%")
@@ -102,13 +103,17 @@ def _distributed_runs() -> None:
         job = view.job
         if job.finished:
             result = job.result or {}
+            note = unrecorded_note(result)
             if job.status == "ok":
                 peak = format_bytes(result.get("max_rank_peak_bytes"))
-                st.success(f"{markdown_text(job.label)}: ok, largest rank peak {peak}; "
-                           f"recorded as run {result.get('run_id')}.", icon=":material/check_circle:")
+                recorded = f"recorded as run {result.get('run_id')}" if note is None else "not recorded"
+                st.success(f"{markdown_text(job.label)}: ok, largest rank peak {peak}; {recorded}.",
+                           icon=":material/check_circle:")
             else:
                 st.error(markdown_text(f"{job.label}: {job.status}. {job.error or result.get('reason') or ''}"),
                          icon=":material/error:")
+            if note is not None:
+                st.warning(markdown_text(f"{job.label}: {note}"), icon=":material/warning:")
             continue
         where = "running now" if view.position == 0 else f"waiting, {view.position} ahead in the queue"
         st.progress(job.fraction, text=markdown_text(f"{job.label}: {where} · {job.stage}"))  # stage: a reason

@@ -26,6 +26,7 @@ from planner.errors import PlannerInputError
 from planner.strategy import Strategy
 from runners.history_errors import HistoryError
 from runners.request import VerifyRequest
+from runners.unrecorded import unrecorded_note
 
 QUEUED, RUNNING, DONE, CANCELLED = "queued", "running", "done", "cancelled"
 DEFAULT_TIMEOUT_S = 900.0
@@ -222,10 +223,9 @@ class RunQueue:
             job.stage = error_text or f"finished: {result.get('status')}" + (
                 f" ({result['reason']})" if result.get("reason") else "")
             job.log.append(job.stage)
-            unrecorded = (result or {}).get("unrecorded")
-            if unrecorded:
-                where = f"kept in {unrecorded['kept_in']}" if unrecorded["kept_in"] else "only on this page"
-                job.log.append(f"not recorded in the run history ({unrecorded['error']}); the result is {where}")
+            note = unrecorded_note(result or {})
+            if note is not None:
+                job.log.append(note)
 
 
 _QUEUE: RunQueue | None = None

@@ -26,6 +26,7 @@ from app_pages.verify_results import (
 from planner.errors import PlannerInputError
 from planner.units import format_bytes
 from runners.history import RunMode, RunStatus
+from runners.unrecorded import unrecorded_note
 
 MODE_HELP = ("auto: CUDA when there is a GPU, else a real CPU run when it fits in free RAM, else simulate. "
              "simulate: fake tensors, nothing allocated, so any model size can be checked on this machine.")
@@ -88,6 +89,9 @@ def _live_runs() -> None:
         if job.finished and job.status != "ok":
             why = job.error or (job.result or {}).get("reason") or ""
             st.warning(markdown_text(f"{job.label}: {job.status}. {why}"), icon=":material/warning:")
+        note = unrecorded_note(job.result or {}) if job.finished else None
+        if note is not None:
+            st.warning(markdown_text(f"{job.label}: {note}"), icon=":material/warning:")
 
 
 def _live_runs_fragment() -> None:

@@ -215,11 +215,11 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 
 def _report_unrecorded(result: dict) -> None:
-    unrecorded = result.get("unrecorded")
-    if unrecorded:
-        where = f"kept in {unrecorded['kept_in']}" if unrecorded["kept_in"] else "only in the output above"
-        print(f"runners: warning: run {result.get('run_id')} was not recorded ({unrecorded['error']}); its result is "
-              f"{where}", file=sys.stderr)
+    from runners.unrecorded import unrecorded_note
+
+    note = unrecorded_note(result)
+    if note is not None:
+        print(f"runners: warning: {note}", file=sys.stderr)
 
 
 # --- distributed runs (runners.launch) ----------------------------------------------------

@@ -63,3 +63,12 @@ def finish_or_keep(history: RunHistory, run_id: str, status: RunStatus | str, st
         return {"error": f"{why}; the result could not be kept in a file either ({error.strerror or error})",
                 "kept_in": None}
     return {"error": why, "kept_in": str(kept)}
+
+
+def unrecorded_note(result: dict) -> str | None:
+    """One line for a verify result whose outcome the history did not take; None when it did."""
+    unrecorded = result.get("unrecorded")
+    if not unrecorded:
+        return None
+    where = f"kept in {unrecorded['kept_in']}" if unrecorded["kept_in"] else "only in this output"
+    return f"run {result.get('run_id')} was not recorded ({unrecorded['error']}); its result is {where}"

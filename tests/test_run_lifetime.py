@@ -32,7 +32,7 @@ from runners.memory_limit import (
 from runners.process_identity import current
 from runners.request import Mode, VerifyRequest
 from runners.scratch import scratch_dir, sweep_orphans
-from runners.unrecorded import finish_or_keep, unrecorded_path
+from runners.unrecorded import finish_or_keep, unrecorded_note, unrecorded_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--config", str(CONFIGS / "tiny-llama.json"), "--task", "causal-lm", "--batch-size", "2", "--seq-len", "16"]
@@ -164,6 +164,9 @@ def test_measured_result_of_a_history_deleted_mid_run_is_kept_beside_it(tmp_path
     kept = json.loads(Path(answer["kept_in"]).read_text())
     assert Path(answer["kept_in"]) == unrecorded_path(history.path, run_id)
     assert kept["measurement"] == {"peak_bytes": 6} and kept["status"] == "ok" and kept["estimate"] == {"peak_bytes": 7}
+    note = unrecorded_note({"run_id": run_id, "unrecorded": answer})  # what the CLI and the pages show
+    assert note.startswith(f"run {run_id} was not recorded") and note.endswith(f"kept in {answer['kept_in']}")
+    assert unrecorded_note({"run_id": run_id, "unrecorded": None}) is None
 
 
 def test_verify_cli_reports_a_result_it_could_not_record(tmp_path, capsys, monkeypatch):
