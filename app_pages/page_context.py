@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from app_pages.escaping import markdown_text
 from app_pages.inputs import SidebarValues, base_values, capacity_bytes, model_config, scenario_for
 from app_pages.model_cache import cached_model_shape
 from planner.errors import PlannerInputError
@@ -47,7 +48,7 @@ def load_context() -> PageContext | None:
         capacity = capacity_bytes(values)
     except PlannerInputError as error:
         # Bad input is the user's to fix: say what and how, keep the page alive.
-        st.error(str(error), icon=":material/error:")
+        st.error(markdown_text(error), icon=":material/error:")  # it may quote a file name
         return None
     return PageContext(values, config, name, shape, scenario, result, capacity)
 
@@ -56,8 +57,8 @@ def _estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
     """A CPU-kernel estimate of a model never probed runs the probe first (seconds): show it."""
     if scenario.device is not Device.CPU or is_ready(shape, scenario):
         return estimate(shape, scenario)
-    with st.status(f"Probing {shape.name}'s own training step on fake tensors (once per model and technique)…",
-                   expanded=True) as status, probe_progress(status.write):
+    label = f"Probing {markdown_text(shape.name)}'s own training step on fake tensors (once per model and technique)…"
+    with st.status(label, expanded=True) as status, probe_progress(status.write):
         result = estimate(shape, scenario)
         status.update(label="Probed the model's own training step", state="complete", expanded=False)
     return result
@@ -65,7 +66,9 @@ def _estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
 
 def model_caption(shape: ModelShape) -> str:
     positions = f", {shape.max_positions:,} positions" if shape.max_positions is not None else ""
-    return f"**{shape.name}**: {shape.architecture}, {shape.num_parameters:,} parameters{positions}"
+    # The name is the user's (an upload's file name): Markdown-escaped, so it is only text.
+    return (f"**{markdown_text(shape.name)}**: {markdown_text(shape.architecture)}, "
+            f"{shape.num_parameters:,} parameters{positions}")
 
 
 def start_page(title: str) -> PageContext | None:

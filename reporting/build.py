@@ -1,7 +1,9 @@
 """The report's content (build_report) and its four renderings (render_report).
 
-All user-supplied text (model and file names, run reasons, notes) is escaped with
-html.escape in HTML and has its table-breaking characters escaped in Markdown.
+All user-supplied text (model and file names, run reasons, notes) is escaped for the
+channel it lands in (app_pages.escaping): html.escape in HTML, Plotly's pseudo-HTML in the
+charts (by the figure builders), every markup character in Markdown, and formula prefixes
+(= + - @ tab CR) in CSV cells.
 Raw bytes are kept in every format; formatted sizes (binary units) sit beside them.
 With more than one GPU every format adds a "Multiple GPUs" section (reporting.multi_gpu).
 """
@@ -28,6 +30,7 @@ from app_pages.comparison import (
     memory_vs_batch,
     saving_pct,
 )
+from app_pages.escaping import csv_cell, markdown_text
 from app_pages.figures import (
     estimate_vs_measured_scatter,
     memory_vs_batch_figure,
@@ -187,10 +190,7 @@ def _md_cell(value: object) -> str:
         return ""
     if isinstance(value, float):
         return f"{value:,.2f}"
-    text = str(value)
-    for char in ("\\", "|", "`", "*", "_", "<", ">", "[", "]"):
-        text = text.replace(char, "\\" + char)
-    return text.replace("\n", " ")
+    return markdown_text(value)
 
 
 def _md_table(table: pd.DataFrame) -> str:
@@ -249,6 +249,7 @@ def to_csv(report: Report) -> str:
     sections = [t.astype({c: "Int64" for c in t.columns if pd.api.types.is_integer_dtype(t[c])}) for t in sections]
     table = pd.concat(sections, ignore_index=True)
     table = table[["section", *[c for c in table.columns if c != "section"]]]
+    table = table.map(csv_cell)  # a model name "=HYPERLINK(...)" must stay text in a spreadsheet
     buffer = io.StringIO()
     table.to_csv(buffer, index=False)
     return buffer.getvalue()

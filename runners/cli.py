@@ -10,17 +10,25 @@ stage otherwise); with `--json` the last stdout line is the result object.
 Exit status (EXIT_CODES):
   0  ok: measured
   1  the run did not answer: failed, timeout or killed (the reason says why)
-  2  bad input: one line on stderr, nothing recorded
+  2  bad input, or a run history that cannot be used (a damaged, read-only or newer
+     database...): one line on stderr saying how to recover, nothing run
   3  a valid "no": oom (the scenario does not fit) or refused (not started, e.g. a CPU
      run too big for free RAM; the reason suggests what to do)
   130 interrupted with Ctrl-C (the child is killed and the run recorded as killed)
+  143 stopped by SIGTERM or SIGHUP (likewise)
+
+A run whose outcome the history could not store (its database deleted or damaged during
+the run) still prints its result, plus one line on stderr naming the file beside the
+database that keeps it (runners.unrecorded); `history` lists how many such files wait.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from planner.cli import EXIT_BAD_INPUT, OneLineParser, add_scenario_flags
@@ -34,9 +42,19 @@ EXIT_OK = 0
 EXIT_RUN_FAILED = 1
 EXIT_DOES_NOT_FIT = 3
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 128 + signal.SIGTERM
 EXIT_CODES = {"ok": EXIT_OK, "failed": EXIT_RUN_FAILED, "timeout": EXIT_RUN_FAILED, "killed": EXIT_RUN_FAILED,
               "oom": EXIT_DOES_NOT_FIT, "refused": EXIT_DOES_NOT_FIT}
 BAR_WIDTH = 24
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived: unwinds like Ctrl-C, so the run in progress is stopped
+    (its child killed) and recorded as killed before the process exits."""
+
+
+def _raise_terminated(number, frame) -> None:
+    raise Terminated(f"stopped by {signal.Signals(number).name}")
 
 
 class _Parser(OneLineParser):
@@ -192,7 +210,16 @@ def _run_verify(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(format_result(result))
+    _report_unrecorded(result)
     return EXIT_CODES.get(result["status"], EXIT_RUN_FAILED)
+
+
+def _report_unrecorded(result: dict) -> None:
+    from runners.unrecorded import unrecorded_note
+
+    note = unrecorded_note(result)
+    if note is not None:
+        print(f"runners: warning: {note}", file=sys.stderr)
 
 
 # --- distributed runs (runners.launch) ----------------------------------------------------
@@ -257,6 +284,7 @@ def _run_distributed_verify(args: argparse.Namespace, request: VerifyRequest) ->
         print(json.dumps(result))
     else:
         print(format_distributed_result(result, request.model_name, request.steps))
+    _report_unrecorded(result)
     return EXIT_CODES.get(result["status"], EXIT_RUN_FAILED)
 
 
@@ -270,10 +298,16 @@ def _record_json(record) -> dict:
 
 def _run_history(args: argparse.Namespace) -> int:
     from runners.history import RunHistory
+    from runners.unrecorded import unrecorded_path
 
     if args.limit < 1:
         raise PlannerInputError(f"--limit must be a positive integer, got {args.limit}")
-    records = RunHistory().list_runs(limit=args.limit)
+    store = RunHistory()  # opening it marks the runs whose process died as killed
+    records = store.list_runs(limit=args.limit)
+    waiting = sorted(unrecorded_path(store.path, "x").parent.glob("*.json"))
+    if waiting:
+        print(f"runners: warning: {len(waiting)} run(s) could not be recorded and wait in {waiting[0].parent}",
+              file=sys.stderr)
     if args.json:
         print(json.dumps([_record_json(r) for r in records]))
         return EXIT_OK
@@ -289,12 +323,24 @@ def _run_history(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from runners.history_errors import HistoryError
+
+    # Handlers can be set only in the main thread (a test may call main from another).
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = {number: signal.signal(number, _raise_terminated) for number in (signal.SIGTERM, signal.SIGHUP)
+                if in_main}
     try:
         args = _build_parser().parse_args(argv)
         return {"verify": _run_verify, "history": _run_history}[args.command](args)
-    except PlannerInputError as error:
+    except (PlannerInputError, HistoryError) as error:
         print(f"runners: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("runners: interrupted: a run in progress was stopped and recorded as killed", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated as stop:
+        print(f"runners: {stop}: a run in progress was stopped and recorded as killed", file=sys.stderr)
+        return EXIT_TERMINATED
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)

@@ -28,7 +28,7 @@ SIMULATE_NEEDS_ACCELERATE = ("simulate mode runs the Accelerate loop only (the T
                              "fake tensors do not have): use --engine accelerate, or --mode cpu/cuda for the Trainer")
 
 # Faults a test can ask the child to stage, so every failure path runs for real.
-INJECTABLE_FAULTS = ("hang", "sigkill-self", "import-error", "raise", "cuda-oom")
+INJECTABLE_FAULTS = ("hang", "sigkill-self", "import-error", "raise", "cuda-oom", "hog-memory")
 
 
 @dataclass(frozen=True)

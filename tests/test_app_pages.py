@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from app_pages import run_queue
 from app_pages.comparison import TECHNIQUES, compare_techniques
+from app_pages.escaping import markdown_text
 from planner.fit import fit_limits
 from app_pages.inputs import DEFAULTS, GPU_PRESETS
 from planner.catalog import CATALOG_DIR
@@ -126,7 +127,7 @@ def test_bad_upload_shows_an_error_and_the_page_recovers(page):
         model_shape_for_config(config_from_bytes(data, "config.json"), Task.SEQUENCE_CLASSIFICATION, 2, "c")
     at = upload(app(page), data)
     assert not at.exception
-    assert [e.value for e in at.error] == [str(raised.value)]
+    assert [e.value for e in at.error] == [markdown_text(raised.value)]  # shown as text (app_pages.escaping)
     good = (CATALOG_DIR / "opt-125m.json").read_bytes()
     at = upload(at, good)
     assert not at.exception and not at.error
