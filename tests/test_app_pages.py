@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 from app_pages import run_queue
 from app_pages.comparison import TECHNIQUES, compare_techniques
 from planner.fit import fit_limits
-from app_pages.inputs import DEFAULTS, GPU_PRESETS
+from app_pages.inputs import CUSTOM_GPU, DEFAULTS, GPU_PRESETS
 from planner.catalog import CATALOG_DIR
 from planner.config_source import config_from_bytes
 from planner.errors import PlannerInputError
@@ -276,3 +276,18 @@ def test_verify_cancels_a_waiting_run():
     states = [v.job.state for v in queue.jobs(at.session_state["verify_session_id"])]
     assert states == ["done", "cancelled"]
     assert any("cancelled" in w.value for w in at.warning)
+
+
+@pytest.mark.parametrize("query", [{"batch_size": "²"}, {"seq_len": "9" * 5000}, {"batch_size": str(10**20)},
+                                   {"gpu_preset": CUSTOM_GPU, "gpu_custom_gib": "1e308"}],
+                         ids=["superscript two", "5000-digit seq_len", "batch 10^20", "1e308 GiB"])
+def test_a_hostile_link_keeps_the_defaults_and_says_why(query):
+    """Issue 15 item 4: each gave a traceback with server paths; now the page renders with
+    the widget's default and one warning naming the dropped key."""
+    at = app(query=query)
+    key = next(k for k in query if k != "gpu_preset")
+    assert at.number_input(key=key).value == DEFAULTS[key]
+    assert [w.value for w in at.warning if key in w.value and "kept their defaults" in w.value]
+    shown = " ".join(str(e.value) for e in [*at.error, *at.warning, *at.markdown, *at.caption])
+    assert "Traceback" not in shown and str(APP.parent) not in shown
+    assert metric(at, "Peak")  # the plan itself still renders

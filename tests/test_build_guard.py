@@ -113,7 +113,7 @@ def test_worst_configs_are_answered_within_10_s_and_2_gib():
     deepest = {**SMALL_T5, "num_layers": MAX_LAYERS // 2, "num_decoder_layers": MAX_LAYERS // 2}
     configs = [config for config, _ in TOO_LARGE.values()] + [deepest]
     done = subprocess.run([sys.executable, "-c", _WORST_CASES, json.dumps(configs)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     *answers, max_rss = json.loads(done.stdout.splitlines()[-1])
     assert [answer == "built" for answer, _ in answers] == [False] * len(TOO_LARGE) + [True], answers
