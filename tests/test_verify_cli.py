@@ -46,6 +46,14 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     (["verify", *TINY[:-1], "100000"], "sequence"),
     (["history", "--limit", "0"], "--limit"),
     (["frobnicate"], "invalid choice"),
+    # Issue 15 item 6: each traced back, or ran (and recorded) a run, before.
+    (["history", "--limit", str(10**20)], "--limit must be an integer from 1 to 1,000,000"),
+    (["verify", *TINY, "--seed", str(10**26)], "seed must be an integer from 0 to 4,294,967,295"),
+    (["verify", *TINY, "--write-job", "job.json"], "--write-job writes a distributed job"),
+    (["verify", *TINY, "--num-processes", "2", "--write-job", "/no/such/folder/job.json"],
+     "folder '/no/such/folder' does not exist"),
+    (["verify", *TINY, "--num-processes", "2", "--write-job", str(ROOT)], "is a folder: give a file name"),
+    (["bogus"], "(see `python -m runners --help`)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, data_dir, argv, message):
     code, out, err = run_cli(capsys, *argv)

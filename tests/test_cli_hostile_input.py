@@ -1,0 +1,120 @@
+"""`python -m planner` against what a careless or hostile user types (issue 15, items 2, 6
+and 8): every reproduction ends in one line and exit status 2, one answer per batch line,
+or a quiet stop, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from planner.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, MAX_ERROR_CHARS, main
+from tests.conftest import CONFIGS, ROOT
+
+SCENARIO = ["--config", "gpt2", "--task", "causal-lm", "--batch-size", "1", "--seq-len", "8"]
+GOOD = {"config": "gpt2", "task": "causal-lm", "batch_size": 1, "seq_len": 8}
+# Answered without loading torch, so the processes below start in a fraction of a second.
+UNKNOWN_MODEL = {**GOOD, "config": "no-such-model"}
+KV_HEADS = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 3, "intermediate_size": 128, "vocab_size": 100}
+
+
+def _run(argv, capsys):
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["report", *SCENARIO, "--out", "plan.md", "--gpu-count", "²"], "number of GPUs (--gpu-count)"),
+    (["report", *SCENARIO, "--out", "plan.md", "--gpu", "1e300"], "at most 1,048,576"),
+    (["fit", "--config", "gpt2", "--gpu-memory-gib", "1e300"], "--gpu-memory-gib must be a positive number of GiB"),
+    (["estimate", "--config", "gpt2", "--task", "causal-lm", "--batch-size", str(10**20), "--seq-len", "8"],
+     "batch size must be at most"),
+    (["bogus"], "(see `python -m planner --help`)"),
+], ids=["gpu-count superscript", "gpu 1e300", "gpu-memory-gib 1e300", "batch 10^20", "help hint"])
+def test_overflowing_or_odd_flags_are_one_line_exit_2(argv, expected, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _run(argv, capsys)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and expected in err, err
+    assert "planner planner" not in err
+
+
+def test_nothing_fits_says_the_target_is_what_does_not_fit(capsys):
+    """10^12 sequences split at most 4,096 ways (its factors of two): the micro-batches, not
+    what the smallest plan needs at batch 1 (it fits), are why nothing fits. Before, the
+    answer was "The smallest plan ... needs 6.57 MiB per GPU"."""
+    code, out, _ = _run(["fit", "--config", str(CONFIGS / "tiny-gpt2.json"), "--gpu-memory-gib", "1", "--seq-len", "128",
+                         "--effective-batch", str(10**12)], capsys)
+    assert code == 0
+    assert "splits into at most 4,096 micro-batches per GPU" in out and "of 244,140,625 sequences each" in out
+    assert "needs" not in out
+
+
+def test_fit_table_columns_never_run_together(capsys):
+    code, out, _ = _run(["fit", "--config", str(CONFIGS / "tiny-gpt2.json"), "--gpu-memory-gib", "80",
+                         "--seq-len", "1"], capsys)
+    rows = [line for line in out.splitlines() if line.lstrip()[:1].isdigit() and " single " in line]
+    assert code == 0 and rows and "11048576" not in out
+    assert all(len(row.split()) == 13 for row in rows), rows  # 12 columns, each set apart ("56.21 GiB": two words)
+    assert "1,048,576" in out  # the batch search's limit, readable
+
+
+def test_batch_answers_every_line_in_order_whatever_it_holds(tmp_path, capsys):
+    (tmp_path / "kv.json").write_text(json.dumps(KV_HEADS))
+    (tmp_path / "mamba.json").write_text(json.dumps({"model_type": "mamba", "hidden_size": 64,
+                                                     "num_hidden_layers": 2, "vocab_size": 100}))
+    lines = [json.dumps({**GOOD, "id": 1}),
+             '{"id": NaN, "config": "gpt2", "task": "causal-lm", "batch_size": 1, "seq_len": 8}',
+             json.dumps({**GOOD, "id": 2, "config": "x" * 500_000}),  # a huge field: not echoed back
+             "{" + '"config": "' + "y" * (2 << 20) + '"}',  # a line longer than any scenario
+             json.dumps({**GOOD, "id": 3, "config": "kv.json"}),
+             json.dumps({**GOOD, "id": 4, "config": "mamba.json"}),
+             json.dumps({**GOOD, "id": "z" * 1000}),
+             json.dumps({**GOOD, "id": 5})]
+    (tmp_path / "mixed.jsonl").write_text("\n".join(lines) + "\n")
+    code, out, _ = _run(["batch", str(tmp_path / "mixed.jsonl")], capsys)
+    answers = [json.loads(line) for line in out.splitlines()]  # each one strict JSON (no NaN)
+    assert code == 0 and len(answers) == len(lines)
+    assert [a.get("id") for a in answers] == [1, None, 2, None, 3, 4, None, 5]
+    assert "peak_bytes" in answers[0] and "peak_bytes" in answers[-1]
+    assert "NaN is not JSON" in answers[1]["error"]
+    assert len(answers[2]["error"]) <= MAX_ERROR_CHARS
+    assert "longer than" in answers[3]["error"]
+    assert "num_key_value_heads" in answers[4]["error"] and "no num_attention_heads" in answers[5]["error"]
+    assert "at most 200 characters" in answers[6]["error"]
+    assert max(len(line) for line in out.splitlines()) < 10_000
+
+
+def test_batch_file_that_is_a_folder_or_a_pipe_says_so(tmp_path, capsys):
+    os.mkfifo(tmp_path / "pipe")
+    for name, kind in (("", "a folder"), ("pipe", "a named pipe (FIFO)")):
+        code, _, err = _run(["batch", str(tmp_path / name)], capsys)
+        assert code == 2 and f"is {kind}: pass a JSONL file" in err and "does not exist" not in err
+
+
+def _batch_process(tmp_path, lines: int) -> subprocess.Popen:
+    (tmp_path / "many.jsonl").write_text((json.dumps(UNKNOWN_MODEL) + "\n") * lines)
+    return subprocess.Popen([sys.executable, "-m", "planner", "batch", str(tmp_path / "many.jsonl")], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def test_a_closed_pipe_and_ctrl_c_end_quietly(tmp_path):
+    """`planner batch ... | head -1` and Ctrl-C mid-batch: no traceback, the shell's exit status."""
+    head = _batch_process(tmp_path, 5_000)  # ~800 KB of answers: far past a pipe's 64 KiB buffer
+    head.stdout.readline()
+    head.stdout.close()  # what `head` does once it has its line
+    assert head.wait(timeout=60) == EXIT_BROKEN_PIPE
+    assert head.stderr.read() == b""
+
+    stopped = _batch_process(tmp_path, 1_000_000)
+    stopped.stdout.readline()  # answering
+    stopped.send_signal(signal.SIGINT)
+    _, err = stopped.communicate(timeout=60)
+    assert stopped.returncode == EXIT_INTERRUPTED
+    assert err.decode() == "planner: interrupted\n"
