@@ -8,8 +8,8 @@ derived attribute under its stored name, attribute_map aliases resolved, sub-con
 nested), not a list of names, so a size under any architecture's own key is bounded:
 
 - every integer size (widths, vocabularies, positions, experts, buckets...) is at most
-  MAX_DIMENSION, and none times the model width may exceed MAX_PARAMETERS (one such
-  matrix alone would be larger than any model);
+  MAX_DIMENSION, and none times the model width may exceed MAX_MATRIX_ELEMENTS (one
+  such matrix alone would dwarf any real model's largest);
 - all counts of layers, blocks or depth (named so by the architecture) together are at
   most MAX_LAYERS: module construction is per layer, so this is what bounds a
   meta-device build's time and memory;
@@ -35,6 +35,9 @@ from planner.errors import PlannerInputError
 MAX_LAYERS = 512
 MAX_DIMENSION = 1 << 27  # above any real width (65,536: T5-11B's d_ff), vocabulary (256K), context (10M), n-gram table (20M)
 MAX_PARAMETERS = 10**13  # ten trillion: several times the largest published model
+# One size times the width: a trillion elements, over a hundred times the largest single
+# table published (a 256K vocabulary x 16K width, or 10M positions x 5K width, is 5e10 at most).
+MAX_MATRIX_ELEMENTS = 10**12
 
 # A field whose name ends so counts layers, blocks or depth: `num_layers`, `encoder_layers`,
 # `n_layer`, `num_decoder_layers`, `num_hidden_layers`, `depth`, `num_blocks`.
@@ -89,10 +92,10 @@ def check_build_size(config) -> None:
             raise PlannerInputError(
                 f"config field {name!r} = {value:,} is beyond any real model (at most {MAX_DIMENSION:,} here): "
                 "use the model's real config.json")
-        elif value * width > MAX_PARAMETERS:
+        elif value * width > MAX_MATRIX_ELEMENTS:
             raise PlannerInputError(
-                f"config field {name!r} = {value:,} times the width {width:,} is above {MAX_PARAMETERS:,} "
-                "parameters, beyond any real model: use the model's real config.json")
+                f"config field {name!r} = {value:,} times the width {width:,} is above {MAX_MATRIX_ELEMENTS:,} "
+                "elements, beyond any real model: use the model's real config.json")
     if total_layers > MAX_LAYERS:
         raise PlannerInputError(
             f"config describes {total_layers:,} layers in all, beyond any real model (at most "
