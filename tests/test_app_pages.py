@@ -291,3 +291,20 @@ def test_a_hostile_link_keeps_the_defaults_and_says_why(query):
     shown = " ".join(str(e.value) for e in [*at.error, *at.warning, *at.markdown, *at.caption])
     assert "Traceback" not in shown and str(APP.parent) not in shown
     assert metric(at, "Peak")  # the plan itself still renders
+
+
+@pytest.mark.parametrize("config", [
+    {"model_type": "t5", "num_layers": 100_000, "d_model": 64, "num_heads": 2},
+    {"model_type": "bart", "encoder_layers": 100_000, "d_model": 64},
+    {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 3, "intermediate_size": 128},
+    {"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2},
+], ids=["t5 100,000 layers", "bart 100,000 encoder layers", "kv heads 3 of 4", "mamba"])
+def test_an_upload_beyond_any_model_or_outside_the_planner_is_one_error(config):
+    """Issue 15 items 1 and 2 on the page: the T5 upload grew the server to 6.3 GB; the others
+    raised outside PlannerInputError. Now each is refused before anything is built."""
+    at = upload(app(), json.dumps(config).encode())
+    assert not at.exception
+    assert len(at.error) == 1 and "\n" not in at.error[0].value
+    assert any(word in at.error[0].value for word in ("beyond any real model", "num_key_value_heads",
+                                                      "no num_attention_heads"))

@@ -5,6 +5,7 @@ or a quiet stop, never a traceback."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -65,29 +66,51 @@ def test_fit_table_columns_never_run_together(capsys):
     assert "1,048,576" in out  # the batch search's limit, readable
 
 
-def test_batch_answers_every_line_in_order_whatever_it_holds(tmp_path, capsys):
-    (tmp_path / "kv.json").write_text(json.dumps(KV_HEADS))
-    (tmp_path / "mamba.json").write_text(json.dumps({"model_type": "mamba", "hidden_size": 64,
-                                                     "num_hidden_layers": 2, "vocab_size": 100}))
-    lines = [json.dumps({**GOOD, "id": 1}),
-             '{"id": NaN, "config": "gpt2", "task": "causal-lm", "batch_size": 1, "seq_len": 8}',
-             json.dumps({**GOOD, "id": 2, "config": "x" * 500_000}),  # a huge field: not echoed back
-             "{" + '"config": "' + "y" * (2 << 20) + '"}',  # a line longer than any scenario
-             json.dumps({**GOOD, "id": 3, "config": "kv.json"}),
-             json.dumps({**GOOD, "id": 4, "config": "mamba.json"}),
-             json.dumps({**GOOD, "id": "z" * 1000}),
-             json.dumps({**GOOD, "id": 5})]
+ISSUE_CONFIGS = {  # issue 15's reproductions, as files beside the batch file
+    "t5-deep.json": {"model_type": "t5", "num_layers": 100_000, "d_model": 64, "num_heads": 2},
+    "bart-deep.json": {"model_type": "bart", "encoder_layers": 100_000, "d_model": 64},
+    "gpt2-positions.json": {"model_type": "gpt2", "n_positions": 10**12, "n_embd": 64, "n_head": 2, "n_layer": 2},
+    "t5-wide.json": {"model_type": "t5", "d_ff": 10**12, "d_model": 64, "num_heads": 2, "num_layers": 2},
+    "kv.json": KV_HEADS,
+    "mamba.json": {"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100},
+    "rwkv.json": {"model_type": "rwkv", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100},
+    "rotary.json": {**KV_HEADS, "num_key_value_heads": 2, "partial_rotary_factor": "abc"},
+    "dropout-nan.json": {"model_type": "gpt2", "n_embd": 64, "n_head": 2, "n_layer": 2, "resid_pdrop": math.nan},
+    "dropout-5.json": {"model_type": "gpt2", "n_embd": 64, "n_head": 2, "n_layer": 2, "attn_pdrop": 5.0},
+}
+BAD_LINES = {  # line -> what its error says
+    **{json.dumps({**GOOD, "config": name}): "" for name in ISSUE_CONFIGS},
+    '{"id": NaN, "config": "gpt2", "task": "causal-lm", "batch_size": 1, "seq_len": 8}': "NaN is not JSON",
+    json.dumps({**GOOD, "config": "x" * 500_000}): "cannot read config",  # clipped, not echoed whole
+    "{" + '"config": "' + "y" * (2 << 20) + '"}': "longer than",
+    json.dumps({**GOOD, "id": "z" * 1000}): "at most 200 characters",
+    json.dumps({**GOOD, "batch_size": 10**20}): "batch size must be at most",
+}
+
+
+def test_batch_of_1000_good_lines_and_every_bad_one_answers_each_in_order(tmp_path, capsys):
+    """Issue 15: one bad line aborted the batch (7 good lines after it got nothing)."""
+    for name, config in ISSUE_CONFIGS.items():
+        (tmp_path / name).write_text(json.dumps(config))  # NaN written as NaN: as a careless tool would
+    bad = list(BAD_LINES)
+    lines, expected = [], []
+    for i in range(1000):
+        lines.append(json.dumps({**GOOD, "id": i, "batch_size": 1 + i % 16}))
+        expected.append(i)
+        if i % 60 == 0 and bad:
+            lines.append(bad.pop())
+            expected.append(lines[-1])
+    assert not bad
     (tmp_path / "mixed.jsonl").write_text("\n".join(lines) + "\n")
     code, out, _ = _run(["batch", str(tmp_path / "mixed.jsonl")], capsys)
-    answers = [json.loads(line) for line in out.splitlines()]  # each one strict JSON (no NaN)
+    answers = [json.loads(line, parse_constant=pytest.fail) for line in out.splitlines()]  # strict JSON
     assert code == 0 and len(answers) == len(lines)
-    assert [a.get("id") for a in answers] == [1, None, 2, None, 3, 4, None, 5]
-    assert "peak_bytes" in answers[0] and "peak_bytes" in answers[-1]
-    assert "NaN is not JSON" in answers[1]["error"]
-    assert len(answers[2]["error"]) <= MAX_ERROR_CHARS
-    assert "longer than" in answers[3]["error"]
-    assert "num_key_value_heads" in answers[4]["error"] and "no num_attention_heads" in answers[5]["error"]
-    assert "at most 200 characters" in answers[6]["error"]
+    for answer, wanted in zip(answers, expected):
+        if isinstance(wanted, int):
+            assert answer["id"] == wanted and answer["scenario"]["batch_size"] == 1 + wanted % 16
+        else:
+            assert BAD_LINES[wanted] in answer["error"] and len(answer["error"]) <= MAX_ERROR_CHARS, answer
+            assert "\n" not in answer["error"] and "id" not in answer
     assert max(len(line) for line in out.splitlines()) < 10_000
 
 
