@@ -18,14 +18,18 @@ nested), not a list of names, so a size under any architecture's own key is boun
 The exact parameter count is taken from the meta-device build, which these bounds keep
 short (planner.shapes_from_config).
 
-Known limitations: a count that creates modules without being named as layers, blocks or
-depth (ALBERT's `inner_group_num`, an expert count) is bounded only by MAX_DIMENSION.
+A count that creates modules without being named as layers, blocks or depth (ALBERT's
+`inner_group_num` x `num_hidden_groups`; an expert count, where an architecture keeps one
+module per expert) passes the names; `module_budget` stops such a build as it runs, at
+MAX_MODULES submodules (ALBERT with 4,096 inner groups otherwise builds for 40 s).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+import threading
 
 from planner.errors import PlannerInputError
 
@@ -38,6 +42,10 @@ MAX_PARAMETERS = 10**13  # ten trillion: several times the largest published mod
 # One size times the width: a trillion elements, over a hundred times the largest single
 # table published (a 256K vocabulary x 16K width, or 10M positions x 5K width, is 5e10 at most).
 MAX_MATRIX_ELEMENTS = 10**12
+
+# Submodules one build may register: Llama-2-70B registers 1,046, T5 with the 512 blocks
+# MAX_LAYERS allows 11,282 (2.7 s on a shared core); at 0.25-0.7 ms each, 20,000 is 5-14 s.
+MAX_MODULES = 20_000
 
 # A field whose name ends so counts layers, blocks or depth: `num_layers`, `encoder_layers`,
 # `n_layer`, `num_decoder_layers`, `num_hidden_layers`, `depth`, `num_blocks`.
@@ -109,3 +117,28 @@ def _check_probability(name: str, value) -> None:
     if number is None or not (math.isfinite(number) and 0 <= number <= 1):
         raise PlannerInputError(
             f"config field {name!r} = {value!r} must be a probability between 0 and 1: set it to a value in [0, 1]")
+
+
+@contextlib.contextmanager
+def module_budget(limit: int = MAX_MODULES):
+    """Stop a model build on this thread with a one-line PlannerInputError once it has
+    registered `limit` submodules (other threads' builds, the dashboard's other sessions,
+    are not counted)."""
+    import torch
+
+    thread, count = threading.get_ident(), 0
+
+    def count_one(module, name, submodule):
+        nonlocal count
+        if threading.get_ident() != thread:
+            return
+        count += 1
+        if count > limit:
+            raise PlannerInputError(f"config builds more than {limit:,} modules, beyond any real model "
+                                    "(a group, expert or block count too large): use the model's real config.json")
+
+    handle = torch.nn.modules.module.register_module_module_registration_hook(count_one)
+    try:
+        yield
+    finally:
+        handle.remove()

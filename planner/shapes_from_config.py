@@ -12,7 +12,7 @@ import copy
 import json
 import warnings
 
-from planner.build_guard import MAX_PARAMETERS, check_build_size
+from planner.build_guard import MAX_PARAMETERS, check_build_size, module_budget
 from planner.errors import PlannerInputError
 from planner.model_shape import ArchFamily, FsdpUnit, FsdpUnitKind, MlpKind, ModelShape, NormKind, ParamTensor
 from planner.scenario import Task
@@ -152,9 +152,11 @@ def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: 
     family = _FAMILY_BY_MODEL_TYPE.get(config.model_type, ArchFamily.UNKNOWN)
     auto_class = getattr(transformers, _AUTO_CLASS_BY_TASK[task])
     try:
-        with warnings.catch_warnings(), torch.device("meta"):
+        with warnings.catch_warnings(), torch.device("meta"), module_budget():
             warnings.simplefilter("ignore")
             model = auto_class.from_config(config, trust_remote_code=False)
+    except PlannerInputError:
+        raise
     except ValueError as error:
         if "Unrecognized configuration class" in str(error):
             raise PlannerInputError(

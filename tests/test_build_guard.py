@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from planner.build_guard import MAX_LAYERS, check_build_size
+from planner.build_guard import MAX_LAYERS, check_build_size, module_budget
 from planner.errors import PlannerInputError
 from planner.loading import model_shape_for_config
 from planner.scenario import Task
@@ -119,3 +119,30 @@ def test_worst_configs_are_answered_within_10_s_and_2_gib():
     assert [answer == "built" for answer, _ in answers] == [False] * len(TOO_LARGE) + [True], answers
     assert all(seconds < 10 for _, seconds in answers), answers
     assert max_rss < 2 << 30
+
+
+def test_a_count_the_names_do_not_reveal_is_stopped_while_building():
+    """ALBERT's `inner_group_num` is not named as layers: 4,096 inner groups built for 40 s
+    before the module budget stopped it."""
+    config = {"model_type": "albert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "intermediate_size": 64, "vocab_size": 100, "inner_group_num": 4096}
+    # The real budget, scaled down so the test stays fast.
+    with pytest.raises(PlannerInputError, match="more than 2,000 modules"), module_budget(2_000):
+        model_shape_for_config(config, Task.SEQUENCE_CLASSIFICATION)
+
+
+def test_the_module_budget_counts_only_its_own_thread():
+    import threading
+
+    import torch
+
+    def another_session_builds():
+        torch.nn.Sequential(*[torch.nn.Linear(1, 1) for _ in range(3)])
+
+    with module_budget(1):
+        other = threading.Thread(target=another_session_builds)
+        other.start()
+        other.join()  # three registrations on another thread: not ours to count
+        torch.nn.Sequential(torch.nn.Linear(1, 1))  # one here: within the budget
+        with pytest.raises(PlannerInputError, match="more than 1 modules"):
+            torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1))
