@@ -141,3 +141,11 @@ def test_a_closed_pipe_and_ctrl_c_end_quietly(tmp_path):
     _, err = stopped.communicate(timeout=60)
     assert stopped.returncode == EXIT_INTERRUPTED
     assert err.decode() == "planner: interrupted\n"
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE_CONFIGS))
+def test_each_issue_config_is_one_line_exit_2_on_the_command_line(name, tmp_path, capsys):
+    (tmp_path / name).write_text(json.dumps(ISSUE_CONFIGS[name]))
+    code, out, err = _run(["estimate", "--config", str(tmp_path / name), "--task", "sequence-classification",
+                           "--batch-size", "1", "--seq-len", "8"], capsys)
+    assert (code, out) == (2, "") and err.startswith("planner: error: ") and err.count("\n") == 1, err

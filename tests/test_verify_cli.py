@@ -180,3 +180,13 @@ def test_a_real_cpu_run_end_to_end(capsys):
     (record,) = RunHistory().list_runs()
     assert record.status is RunStatus.OK and record.measurement["peak_bytes"] == measured["peak_bytes"]
     assert "step 2 of 2" in err and "measuring" in err
+
+
+def test_a_config_beyond_any_model_is_refused_before_a_run_is_recorded(capsys, tmp_path):
+    """Issue 15 item 1 on the runners' path: T5 with 100,000 layers built for minutes."""
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps({"model_type": "t5", "num_layers": 100_000, "d_model": 64, "num_heads": 2}))
+    code, out, err = run_cli(capsys, "verify", "--config", str(path), "--task", "sequence-classification",
+                             "--batch-size", "1", "--seq-len", "8", "--mode", "simulate")
+    assert (code, out) == (2, "") and "beyond any real model" in err and err.count("\n") == 1
+    assert RunHistory().list_runs() == []
