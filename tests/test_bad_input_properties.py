@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from app_pages.inputs import DEFAULTS as SIDEBAR_DEFAULTS
 from planner import cli
+from planner.batch import MAX_ERROR_CHARS
 from planner.config_source import MAX_CONFIG_BYTES, config_from_bytes
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate
@@ -259,7 +260,7 @@ def test_batch_lines_each_get_one_json_answer(lines, tmp_path, capsys):
     assert len(out) == len(kept)
     for answer in map(strict_json, out):
         if "error" in answer:
-            assert answer["error"] and "\n" not in answer["error"] and len(answer["error"]) <= cli.MAX_ERROR_CHARS
+            assert answer["error"] and "\n" not in answer["error"] and len(answer["error"]) <= MAX_ERROR_CHARS
         else:
             assert isinstance(answer["peak_bytes"], int) and answer["peak_bytes"] > 0
 

@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from planner.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, MAX_ERROR_CHARS, main
+from planner.batch import MAX_ERROR_CHARS
+from planner.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, main
 from tests.conftest import CONFIGS, ROOT
 
 SCENARIO = ["--config", "gpt2", "--task", "causal-lm", "--batch-size", "1", "--seq-len", "8"]
