@@ -19,7 +19,7 @@ from app_pages.inputs import (
     ModelSource,
     default_task,
 )
-from app_pages.query_state import decode_with_rejects, encode
+from app_pages.query_state import decode_with_rejects, encode, rejects_warning
 from planner.catalog import catalog_entries
 from planner.scenario import Attention, Device, Precision, Task
 from planner.units import format_bytes
@@ -83,10 +83,7 @@ with st.sidebar:
                          "buckets on each); the Multiple GPUs page compares DDP, ZeRO and FSDP and their traffic.")
 
     if st.session_state.get("_link_rejects"):
-        # Keys only (never the link's text, which could carry Markdown): each kept its default.
-        st.warning("The link's " + "; ".join(f"{key} must be {why}" for key, why in
-                                              st.session_state["_link_rejects"].items())
-                   + ": those kept their defaults.", icon=":material/link_off:")
+        st.warning(rejects_warning(st.session_state["_link_rejects"]), icon=":material/link_off:")
 
 # The plan's values in the URL, so the address bar is a shareable link to this plan.
 st.query_params.from_dict(encode({key: st.session_state.get(key) for key in DEFAULTS}))

@@ -73,6 +73,13 @@ def decode_with_rejects(params: Mapping[str, object]) -> tuple[dict[str, object]
     return values, rejected
 
 
+def rejects_warning(rejected: Mapping[str, str]) -> str:
+    """One line naming the link's dropped keys and what each must be. Keys and reasons only,
+    never the link's own text (which could carry Markdown into the page)."""
+    return ("The link's " + "; ".join(f"{key} must be {why}" for key, why in rejected.items())
+            + ": those kept their defaults.")
+
+
 def _expected(key: str) -> str:
     """What a value for `key` must be (the page shows it for a dropped one; no user text)."""
     if key in _POSITIVE_INTS:
