@@ -80,29 +80,32 @@ def check_build_size(config) -> None:
     """PlannerInputError (one line) when `config`, a PretrainedConfig, would build a model
     beyond any real one, or holds a probability outside [0, 1]."""
     values = config.to_dict()
+    # A field is stored under the class's own name; say the standard alias the user may have written too.
+    aliases = {stored: alias for alias, stored in (getattr(config, "attribute_map", None) or {}).items()}
     width = getattr(config, "hidden_size", None)  # every config maps its width to this name
     width = width if _is_int(width) and 0 < width <= MAX_DIMENSION else 1
     total_layers = 0
     for name, key, value, listed in _fields(values):
+        label = f"'{name}'" + (f" (alias '{aliases[name]}')" if name in aliases else "")
         if _PROBABILITY.search(key) and not _NOT_A_SIZE.search(key):
-            _check_probability(name, value)
+            _check_probability(label, value)
             continue
         if not _is_int(value) or _NOT_A_SIZE.search(key):
             continue
         if _LAYER_COUNT.search(key):
             if value > MAX_LAYERS:
                 raise PlannerInputError(
-                    f"config field {name!r} = {value:,} layers is beyond any real model (at most {MAX_LAYERS:,} "
+                    f"config field {label} = {value:,} layers is beyond any real model (at most {MAX_LAYERS:,} "
                     "here): use the model's real config.json")
             # A list under a layer name holds per-layer flags or indices, not more layers.
             total_layers += 0 if listed else max(value, 0)
         elif value > MAX_DIMENSION:
             raise PlannerInputError(
-                f"config field {name!r} = {value:,} is beyond any real model (at most {MAX_DIMENSION:,} here): "
+                f"config field {label} = {value:,} is beyond any real model (at most {MAX_DIMENSION:,} here): "
                 "use the model's real config.json")
         elif value * width > MAX_MATRIX_ELEMENTS:
             raise PlannerInputError(
-                f"config field {name!r} = {value:,} times the width {width:,} is above {MAX_MATRIX_ELEMENTS:,} "
+                f"config field {label} = {value:,} times the width {width:,} is above {MAX_MATRIX_ELEMENTS:,} "
                 "elements, beyond any real model: use the model's real config.json")
     if total_layers > MAX_LAYERS:
         raise PlannerInputError(
@@ -110,13 +113,13 @@ def check_build_size(config) -> None:
             f"{MAX_LAYERS:,} here): use the model's real config.json")
 
 
-def _check_probability(name: str, value) -> None:
+def _check_probability(label: str, value) -> None:
     if value is None or isinstance(value, bool):  # None: no dropout; a bool is a switch (ESM's token_dropout)
         return
     number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
     if number is None or not (math.isfinite(number) and 0 <= number <= 1):
         raise PlannerInputError(
-            f"config field {name!r} = {value!r} must be a probability between 0 and 1: set it to a value in [0, 1]")
+            f"config field {label} = {value!r} must be a probability between 0 and 1: set it to a value in [0, 1]")
 
 
 @contextlib.contextmanager

@@ -29,14 +29,20 @@ SMALL_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
 # The reproductions: each was built (for minutes, or into tens of trillions of
 # parameters) or raised outside PlannerInputError before the guard.
 TOO_LARGE = {
-    "t5 num_layers 100000": ({**SMALL_T5, "num_layers": 100_000}, "'num_layers' = 100,000 layers"),
+    "t5 num_layers 100000": ({**SMALL_T5, "num_layers": 100_000}, "'num_layers' (alias 'num_hidden_layers') = 100,000 layers"),
     "t5 num_decoder_layers 100000": ({**SMALL_T5, "num_decoder_layers": 100_000}, "'num_decoder_layers'"),
-    "bart encoder_layers 100000": ({**SMALL_BART, "encoder_layers": 100_000}, "'encoder_layers' = 100,000"),
-    "gpt2 n_positions 10**12": ({**SMALL_GPT2, "n_positions": 10**12}, "'n_positions' = 1,000,000,000,000"),
+    "bart encoder_layers 100000": ({**SMALL_BART, "encoder_layers": 100_000}, "'encoder_layers' (alias 'num_hidden_layers') = 100,000"),
+    "gpt2 n_positions 10**12": ({**SMALL_GPT2, "n_positions": 10**12}, "'n_positions' (alias 'max_position_embeddings') = 1,000,000,000,000"),
     "t5 d_ff 10**12": ({**SMALL_T5, "d_ff": 10**12}, "'d_ff' = 1,000,000,000,000"),
     # Each layer count within bounds, together beyond them.
     "bart 400 + 400 layers": ({**SMALL_BART, "encoder_layers": 400, "decoder_layers": 400}, "800 layers in all"),
-    # Under the single-size bound, but one matrix alone above ten trillion parameters.
+    # Under its standard alias (attribute_map), and inside a sub-config.
+    "gpt2 max_position_embeddings 10**12": ({**SMALL_GPT2, "max_position_embeddings": 10**12},
+                                            "'n_positions' (alias 'max_position_embeddings')"),
+    "llava text_config 100000 layers": ({"model_type": "llava", "text_config": {"model_type": "llama",
+                                                                                "num_hidden_layers": 100_000}},
+                                        "'text_config.num_hidden_layers' = 100,000 layers"),
+    # Under the single-size bound, but one matrix alone above a trillion elements.
     "gpt2 vocab x width": ({**SMALL_GPT2, "n_embd": 1 << 20, "vocab_size": 1 << 24}, "times the width"),
 }
 NOT_PLANNABLE = {
