@@ -11,11 +11,11 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from planner.errors import PlannerInputError
+from planner.errors import MAX_MESSAGE_CHARS, PlannerInputError
 
 MAX_BATCH_LINE_CHARS = 1 << 20  # a scenario line is under a KiB; a longer one is not read whole
 MAX_ID_CHARS = 200
-MAX_ERROR_CHARS = 500  # an error quotes what it refuses: never a 10 MB field back
+MAX_ERROR_CHARS = MAX_MESSAGE_CHARS  # an error quotes what it refuses: never a 10 MB field back
 
 
 def _refuse_constant(name: str):

@@ -50,7 +50,8 @@ MAX_MODULES = 20_000
 # A field whose name ends so counts layers, blocks or depth: `num_layers`, `encoder_layers`,
 # `n_layer`, `num_decoder_layers`, `num_hidden_layers`, `depth`, `num_blocks`.
 _LAYER_COUNT = re.compile(r"(^|_)(layers?|blocks?|depths?)$")
-# Token ids name entries of the vocabulary, not sizes (whatever their value, they build nothing).
+# Not sizes, whatever their value: token ids name vocabulary entries, a rotary theta is a
+# frequency base (an int in some configs), the label maps and version are bookkeeping.
 _NOT_A_SIZE = re.compile(r"(^|_)(ids?|theta)$|^(id2label|label2id|transformers_version)$")
 _PROBABILITY = re.compile(r"dropout|pdrop|layerdrop|drop_prob|drop_rate")
 

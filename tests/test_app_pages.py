@@ -308,3 +308,11 @@ def test_an_upload_beyond_any_model_or_outside_the_planner_is_one_error(config):
     assert len(at.error) == 1 and "\n" not in at.error[0].value
     assert any(word in at.error[0].value for word in ("beyond any real model", "num_key_value_heads",
                                                       "no num_attention_heads"))
+
+
+def test_an_error_quotes_at_most_500_characters_of_what_it_refuses():
+    """Issue 15 item 8: a field of hundreds of KB came back whole in its error."""
+    config = {**json.loads((CONFIGS / "tiny-gpt2.json").read_text()), "model_type": "m" * 300_000}
+    at = upload(app(), json.dumps(config).encode())
+    assert not at.exception
+    assert len(at.error) == 1 and "architecture 'mmm" in at.error[0].value and len(at.error[0].value) <= 500
