@@ -25,6 +25,8 @@ from planner.optimizer_state import (allocation, optimizer_state_bytes, paramete
 from planner.optimizer_step import optimizer_step_transient_bytes
 from planner.scenario import Attention, Checkpointing, Device, Engine, Optimizer, Precision, Scenario, Task
 
+MAX_PEAK_BYTES = 1 << 62  # 4 EiB: a quarter of what a signed 64-bit column holds, so sums stay in range
+
 
 class Phase(enum.Enum):
     FORWARD = "forward"
@@ -368,7 +370,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     if scenario.optimizer is Optimizer.PAGED_ADAMW8BIT:
         notes.append("paged 8-bit state lives in CUDA unified memory and can be evicted to CPU RAM; "
                      "it is counted in full here")
-    return Estimate(
+    result = Estimate(
         model_name=shape.name,
         architecture=shape.architecture,
         num_parameters=stats.num_elements,
@@ -382,3 +384,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         confidence=confidence,
         notes=tuple(notes),
     )
+    if result.peak.total > MAX_PEAK_BYTES:  # every table and chart holds bytes as 64-bit integers
+        raise PlannerInputError(f"this plan needs {result.peak.total:,} bytes at its peak, beyond any machine "
+                                f"(at most {MAX_PEAK_BYTES:,} here): lower the batch size or sequence length")
+    return result

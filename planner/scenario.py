@@ -15,6 +15,11 @@ from planner.errors import PlannerInputError
 from planner.finetune import ALL_LINEAR, FineTune, finetune_from_values
 
 MAX_NUM_LABELS = 1 << 20  # sequence-classification classes; transformers keeps a label name per class
+# Beyond any real training step, and small enough that every byte count stays a finite float
+# and fits a 64-bit table column (pandas, SQLite, Streamlit's widgets).
+MAX_BATCH_SIZE = 1 << 24  # sequences per micro-batch
+MAX_SEQ_LEN = 1 << 24  # tokens: above the longest context window published (10M)
+MAX_GRAD_ACCUM = 1 << 24  # micro-batches per optimizer step
 
 
 class Task(enum.Enum):
@@ -130,6 +135,12 @@ class Scenario:
         _positive_int(self.num_labels, "number of labels")
         if self.num_labels > MAX_NUM_LABELS:  # transformers builds an id2label dict of this size: a hang
             raise PlannerInputError(f"number of labels must be at most {MAX_NUM_LABELS:,}, got {self.num_labels:,}")
+        for name, what, most in (("batch_size", "batch size", MAX_BATCH_SIZE),
+                                 ("seq_len", "sequence length", MAX_SEQ_LEN),
+                                 ("grad_accum_steps", "gradient accumulation steps", MAX_GRAD_ACCUM)):
+            if getattr(self, name) > most:
+                raise PlannerInputError(f"{what} must be at most {most:,}, got {getattr(self, name):,}: "
+                                        "beyond any real training step")
         for name, kind in (("task", Task), ("optimizer", Optimizer), ("precision", Precision),
                            ("checkpointing", Checkpointing), ("attention", Attention), ("device", Device),
                            ("engine", Engine)):

@@ -42,8 +42,10 @@ from app_pages.verify_results import history_table, scatter_points
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.model_shape import ModelShape
+from planner.gpus import capacity_bytes_from_gib
 from planner.scenario import as_int, scenario_from_values
-from planner.units import GIB, format_bytes
+from planner.strategy import MAX_DEVICES
+from planner.units import format_bytes
 from reporting.multi_gpu import (
     DEFAULT_RUN_STEPS,
     MultiGpuSection,
@@ -369,18 +371,16 @@ def report_for_values(values: Mapping[str, object], base_dir: Path | None = None
         capacity, label = GPU_PRESETS[gpu], str(gpu)
     else:
         try:
-            gib = float(gpu)
+            float(gpu)
         except (TypeError, ValueError):
             presets = ", ".join(repr(p) for p, size in GPU_PRESETS.items() if size is not None)
             raise PlannerInputError(f"unknown GPU {gpu!r}: give a size in GiB or one of {presets}") from None
-        if not 0 < gib < float("inf"):
-            raise PlannerInputError(f"GPU size must be a positive number of GiB, got {gpu!r}")
-        capacity, label = round(gib * GIB), f"{gib:g} GiB"
-    count = values.get("gpu_count") or 1
-    if isinstance(count, str) and count.isdigit():
-        count = int(count)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise PlannerInputError(f"number of GPUs must be a positive integer, got {count!r}")
+        capacity = capacity_bytes_from_gib(gpu, "GPU size (--gpu)")
+        label = f"{float(gpu):g} GiB"
+    count = as_int(values.get("gpu_count") or 1, "number of GPUs (--gpu-count)")
+    if not 1 <= count <= MAX_DEVICES:
+        raise PlannerInputError(f"number of GPUs (--gpu-count) must be an integer from 1 to {MAX_DEVICES:,}, "
+                                f"got {count:,}")
     run_steps = values.get("run_steps")
     run_steps = DEFAULT_RUN_STEPS if run_steps is None else as_int(run_steps, "run steps")
     local_sgd = values.get("local_sgd_steps")
