@@ -12,6 +12,7 @@ from app_pages.inputs import (
     CUSTOM_GPU,
     DEFAULTS,
     GPU_PRESETS,
+    MAXIMA,
     MODEL_SOURCE_LABELS,
     OPTIMIZER_LABELS,
     PRECISION_LABELS,
@@ -20,7 +21,7 @@ from app_pages.inputs import (
     default_task,
     uploaded_task,
 )
-from app_pages.query_state import decode, encode
+from app_pages.query_state import decode_with_rejects, encode, rejects_warning
 from planner.catalog import catalog_entries
 from planner.scenario import Attention, Device, Precision, Task
 from planner.units import format_bytes
@@ -34,7 +35,8 @@ st.set_page_config(page_title="Training memory planner", page_icon="🧮", layou
 # A shared link's query string wins over the defaults, once, when the session starts.
 if "_restored_from_link" not in st.session_state:
     st.session_state["_restored_from_link"] = True
-    for key, value in decode(st.query_params.to_dict()).items():
+    restored, st.session_state["_link_rejects"] = decode_with_rejects(st.query_params.to_dict())
+    for key, value in restored.items():
         st.session_state[key] = value
 for key, value in DEFAULTS.items():
     st.session_state.setdefault(key, value)
@@ -65,12 +67,14 @@ with st.sidebar:
                          help="A transformers config.json: only its shape is read, never any weights.")
     task = st.selectbox("Task", [t.value for t in Task], key="task")
     if task == Task.SEQUENCE_CLASSIFICATION.value:
-        st.number_input("Labels", min_value=1, step=1, key="num_labels")
+        st.number_input("Labels", min_value=1, max_value=MAXIMA["num_labels"], step=1, key="num_labels")
 
     st.subheader("Training step")
-    st.number_input("Batch size (sequences per micro-batch)", min_value=1, step=1, key="batch_size")
-    st.number_input("Sequence length (tokens)", min_value=1, step=64, key="seq_len")
-    st.number_input("Gradient accumulation steps", min_value=1, step=1, key="grad_accum")
+    st.number_input("Batch size (sequences per micro-batch)", min_value=1, max_value=MAXIMA["batch_size"], step=1,
+                    key="batch_size")
+    st.number_input("Sequence length (tokens)", min_value=1, max_value=MAXIMA["seq_len"], step=64, key="seq_len")
+    st.number_input("Gradient accumulation steps", min_value=1, max_value=MAXIMA["grad_accum"], step=1,
+                    key="grad_accum")
     st.selectbox("Optimizer", list(OPTIMIZER_LABELS), format_func=OPTIMIZER_LABELS.get, key="optimizer")
     st.selectbox("Precision", [p.value for p in Precision], format_func=PRECISION_LABELS.get, key="precision")
     st.toggle("Gradient checkpointing", key="gradient_checkpointing")
@@ -81,15 +85,19 @@ with st.sidebar:
              help="Activation memory differs by device (CPU dropout masks are fp32, CUDA's one byte).")
     preset = st.selectbox("GPU", list(GPU_PRESETS), key="gpu_preset")
     if preset == CUSTOM_GPU:
-        st.number_input("GPU capacity (GiB)", min_value=0.01, step=1.0, format="%.2f", key="gpu_custom_gib")
+        st.number_input("GPU capacity (GiB)", min_value=0.01, max_value=MAXIMA["gpu_custom_gib"], step=1.0,
+                        format="%.2f", key="gpu_custom_gib")
     else:
         st.caption(f"{format_bytes(GPU_PRESETS[preset])}, as nvidia-smi reports it")
-    gpu_count = st.number_input("Number of GPUs", min_value=1, max_value=4096, step=1, key="gpu_count",
+    gpu_count = st.number_input("Number of GPUs", min_value=1, max_value=MAXIMA["gpu_count"], step=1, key="gpu_count",
                                 help="Every page plans per GPU; the Multiple GPUs page compares the strategies.")
     if gpu_count > 1:
         st.selectbox("Strategy", list(STRATEGY_LABELS), format_func=STRATEGY_LABELS.get, key="strategy",
                      help="What each GPU holds: a full replica (DDP) or a 1/N shard of the optimizer state, "
                           "gradients and parameters (ZeRO, FSDP).")
+
+    if st.session_state.get("_link_rejects"):
+        st.warning(rejects_warning(st.session_state["_link_rejects"]), icon=":material/link_off:")
 
 # The plan's values in the URL, so the address bar is a shareable link to this plan.
 st.query_params.from_dict(encode({key: st.session_state.get(key) for key in DEFAULTS}))

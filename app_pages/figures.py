@@ -1,5 +1,9 @@
 """Plotly figure builders for the dashboard: plain functions from planner results to
 figures, with no Streamlit here, so they are tested (and reused by a report export) alone.
+
+Plotly parses every text it draws as pseudo-HTML, so each builder passes the text it is
+given (titles, labels: model names and run labels among them) through
+app_pages.escaping.plotly_text; its own markup (`<br>` in hover templates) is added after.
 """
 
 from __future__ import annotations
@@ -7,6 +11,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 
 from app_pages.breakdown import CATEGORY_LABELS, category_labels, peak_bytes
+from app_pages.escaping import plotly_text
 from planner.estimate import Estimate
 from planner.parallel import ParallelEstimate
 from planner.units import bytes_to_gib, format_bytes
@@ -55,9 +60,9 @@ def phase_breakdown_figure(result: Estimate | ParallelEstimate, capacity_bytes: 
 def _phase_title(result: Estimate | ParallelEstimate) -> str:
     if isinstance(result, ParallelEstimate):
         plan = result.plan
-        return (f"{result.base.model_name} on {plan.num_devices} GPUs, {plan.strategy.value}: memory per GPU by "
-                f"phase, peak {format_bytes(peak_bytes(result))}")
-    return f"{result.model_name}: memory by phase, peak {format_bytes(result.peak_bytes)}"
+        return (f"{plotly_text(result.base.model_name)} on {plan.num_devices} GPUs, {plan.strategy.value}: "
+                f"memory per GPU by phase, peak {format_bytes(peak_bytes(result))}")
+    return f"{plotly_text(result.model_name)}: memory by phase, peak {format_bytes(result.peak_bytes)}"
 
 
 CAPACITY_PREFIX = "capacity "  # the legend entry of the capacity line: "capacity 15.00 GiB"
@@ -79,7 +84,8 @@ def memory_vs_batch_figure(series: dict[str, list[tuple[int, int | None]]], capa
     """One line per technique: peak (GiB) against effective batch size (log2 axis), and the capacity line.
     A None peak (not estimable) leaves a gap."""
     figure = go.Figure()
-    for label, points in series.items():
+    for raw_label, points in series.items():
+        label = plotly_text(raw_label)
         figure.add_scatter(
             name=label, mode="lines+markers",
             x=[b for b, _ in points],
@@ -89,7 +95,7 @@ def memory_vs_batch_figure(series: dict[str, list[tuple[int, int | None]]], capa
         )
     _capacity_line(figure, capacity_bytes)
     figure.update_layout(
-        template="plotly_white", title=title,
+        template="plotly_white", title=plotly_text(title),
         xaxis=dict(title="effective batch size (sequences per optimizer step)", type="log", dtick=0.30102999566),
         yaxis_title="peak GiB (2^30 bytes)", legend_title_text="technique", margin=dict(t=60, b=40),
     )
@@ -99,6 +105,7 @@ def memory_vs_batch_figure(series: dict[str, list[tuple[int, int | None]]], capa
 def technique_bars_figure(labels: list[str], estimated: list[int | None], measured: list[int | None],
                           capacity_bytes: int | None = None, title: str = "Peak by technique") -> go.Figure:
     """Grouped bars per technique: estimated and measured peak (GiB), and the capacity line."""
+    labels = [plotly_text(label) for label in labels]
     figure = go.Figure()
     figure.add_bar(name="estimated", x=labels, y=[None if v is None else bytes_to_gib(v) for v in estimated],
                    marker_color="#2563eb", customdata=[format_bytes(v) for v in estimated],
@@ -107,7 +114,7 @@ def technique_bars_figure(labels: list[str], estimated: list[int | None], measur
                    marker_color="#f59e0b", customdata=[format_bytes(v) for v in measured],
                    hovertemplate="measured %{customdata}<extra></extra>")
     _capacity_line(figure, capacity_bytes)
-    figure.update_layout(barmode="group", template="plotly_white", title=title,
+    figure.update_layout(barmode="group", template="plotly_white", title=plotly_text(title),
                          yaxis_title="peak GiB (2^30 bytes)", xaxis_title="technique", margin=dict(t=60, b=40))
     return figure
 
@@ -134,10 +141,11 @@ def estimate_vs_measured_scatter(estimated: list[int], measured: list[int], labe
                        mode="lines", line=dict(width=0), fill="tonexty", fillcolor="rgba(37,99,235,0.15)",
                        hoverinfo="skip")
     figure.add_scatter(name="y = x", x=line_x, y=line_x, mode="lines", line=dict(color=CAPACITY_COLOR, dash="dot"))
-    figure.add_scatter(name="runs", x=xs, y=[bytes_to_gib(e) for e in estimated], mode="markers", text=labels,
+    figure.add_scatter(name="runs", x=xs, y=[bytes_to_gib(e) for e in estimated], mode="markers",
+                       text=[plotly_text(label) for label in labels],
                        marker=dict(size=9, color="#ef4444"),
                        hovertemplate="%{text}<br>measured %{x:.3f} GiB<br>estimated %{y:.3f} GiB<extra></extra>")
-    figure.update_layout(template="plotly_white", title=title, xaxis_title="measured peak GiB (2^30 bytes)",
+    figure.update_layout(template="plotly_white", title=plotly_text(title), xaxis_title="measured peak GiB (2^30 bytes)",
                          yaxis_title="estimated peak GiB (2^30 bytes)", margin=dict(t=60, b=40))
     return figure
 
@@ -161,6 +169,6 @@ def fit_options_figure(result, title: str = "Technique combinations: peak agains
                        "%{customdata[4]} x %{customdata[5]}<br>peak %{customdata[6]}, step %{x:.3g} s<extra></extra>"),
     )
     _capacity_line(figure, result.capacity_bytes)
-    figure.update_layout(title=title, xaxis_title="estimated step time (s)", yaxis_title="peak (GiB)",
+    figure.update_layout(title=plotly_text(title), xaxis_title="estimated step time (s)", yaxis_title="peak (GiB)",
                          showlegend=False)
     return figure

@@ -15,9 +15,11 @@ from planner.catalog import catalog_config, catalog_entries
 from planner.config_source import config_from_bytes
 from planner.config_task import config_task
 from planner.errors import PlannerInputError
-from planner.scenario import Attention, Device, Optimizer, Precision, Scenario, Task, scenario_from_values
-from planner.strategy import ParallelPlan, Strategy, parse_strategy
-from planner.units import GIB, MIB
+from planner.gpus import MAX_GPU_GIB, capacity_bytes_from_gib
+from planner.scenario import (MAX_BATCH_SIZE, MAX_GRAD_ACCUM, MAX_NUM_LABELS, MAX_SEQ_LEN, Attention, Device,
+                              Optimizer, Precision, Scenario, Task, scenario_from_values)
+from planner.strategy import MAX_DEVICES, ParallelPlan, Strategy, parse_strategy
+from planner.units import MIB
 
 
 class ModelSource(enum.Enum):
@@ -176,6 +178,12 @@ def scenario_for(values: SidebarValues) -> Scenario:
     )
 
 
+# The planner's own bounds, as the widgets' max_value and the link's parser read them.
+MAXIMA: dict[str, int | float] = {"num_labels": MAX_NUM_LABELS, "batch_size": MAX_BATCH_SIZE, "seq_len": MAX_SEQ_LEN,
+                                  "grad_accum": MAX_GRAD_ACCUM, "gpu_count": MAX_DEVICES,
+                                  "gpu_custom_gib": MAX_GPU_GIB}
+
+
 def capacity_bytes(values: SidebarValues) -> int:
     """Device memory to compare the peak against, in bytes."""
     if values.gpu_preset not in GPU_PRESETS:
@@ -183,9 +191,7 @@ def capacity_bytes(values: SidebarValues) -> int:
     preset = GPU_PRESETS[values.gpu_preset]
     if preset is not None:
         return preset
-    if values.gpu_custom_gib is None or values.gpu_custom_gib <= 0:
-        raise PlannerInputError(f"GPU capacity must be a positive number of GiB, got {values.gpu_custom_gib!r}")
-    return round(values.gpu_custom_gib * GIB)
+    return capacity_bytes_from_gib(values.gpu_custom_gib, "GPU capacity")
 
 
 def parallel_plan_for(values: SidebarValues) -> ParallelPlan:

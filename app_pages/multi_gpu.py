@@ -12,6 +12,7 @@ import uuid
 
 import streamlit as st
 
+from app_pages.escaping import markdown_text
 from app_pages.history_access import recent_runs
 from app_pages.model_cache import cached_model_shape
 from app_pages.multi_gpu_figures import (
@@ -36,6 +37,7 @@ from planner.strategy import MAX_DEVICES, Strategy
 from planner.units import format_bytes
 from runners.launch import plan_distributed
 from runners.rank_worker import VERIFIED_STRATEGIES
+from runners.unrecorded import unrecorded_note
 
 BYTES = st.column_config.NumberColumn(format="localized")
 PERCENT = st.column_config.NumberColumn(format="%.1f%%")
@@ -113,15 +115,20 @@ def _distributed_runs() -> None:
         job = view.job
         if job.finished:
             result = job.result or {}
+            note = unrecorded_note(result)
             if job.status == "ok":
-                st.success(f"{job.label}: ok, largest rank peak {format_bytes(result.get('max_rank_peak_bytes'))}; "
-                           f"recorded as run {result.get('run_id')}.", icon=":material/check_circle:")
+                peak = format_bytes(result.get("max_rank_peak_bytes"))
+                recorded = f"recorded as run {result.get('run_id')}" if note is None else "not recorded"
+                st.success(f"{markdown_text(job.label)}: ok, largest rank peak {peak}; {recorded}.",
+                           icon=":material/check_circle:")
             else:
-                st.error(f"{job.label}: {job.status}. {job.error or result.get('reason') or ''}",
+                st.error(markdown_text(f"{job.label}: {job.status}. {job.error or result.get('reason') or ''}"),
                          icon=":material/error:")
+            if note is not None:
+                st.warning(markdown_text(f"{job.label}: {note}"), icon=":material/warning:")
             continue
         where = "running now" if view.position == 0 else f"waiting, {view.position} ahead in the queue"
-        st.progress(job.fraction, text=f"{job.label}: {where} · {job.stage}")
+        st.progress(job.fraction, text=markdown_text(f"{job.label}: {where} · {job.stage}"))  # stage: a reason
         if st.button("Cancel", key=f"mgpu_cancel_{job.id}",
                      help="Drop it from the queue, or stop it (every rank is killed; the history records it)."):
             get_queue().cancel(_session_id(), job.id)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from app_pages.escaping import markdown_text
 from app_pages.inputs import (ModelSource, SidebarValues, base_values, capacity_bytes, model_config,
                               parallel_plan_for, scenario_for)
 from app_pages.model_cache import cached_model_shape
@@ -60,7 +61,7 @@ def load_context() -> PageContext | None:
         per_device = parallel_estimate(shape, scenario, parallel, result) if parallel.distributed else None
     except PlannerInputError as error:
         # Bad input is the user's to fix: say what and how, keep the page alive.
-        st.error(str(error), icon=":material/error:")
+        st.error(markdown_text(error), icon=":material/error:")  # it may quote a file name
         return None
     return PageContext(values, config, name, shape, scenario, result, capacity, parallel, per_device)
 
@@ -69,28 +70,33 @@ def estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
     """A CPU-kernel estimate of a model never probed runs the probe first (seconds): show it."""
     if scenario.device is not Device.CPU or is_ready(shape, scenario):
         return estimate(shape, scenario)
-    with st.status(f"Probing {shape.name}'s own training step on fake tensors (once per model and technique)…",
-                   expanded=True) as status, probe_progress(status.write):
+    label = f"Probing {markdown_text(shape.name)}'s own training step on fake tensors (once per model and technique)…"
+    with st.status(label, expanded=True) as status, probe_progress(status.write):
         result = estimate(shape, scenario)
         status.update(label="Probed the model's own training step", state="complete", expanded=False)
     return result
 
 
-def model_caption(shape: ModelShape, parallel: ParallelPlan) -> str:
+def model_caption(shape: ModelShape, parallel: ParallelPlan | None = None) -> str:
+    """The model line under each page's title; with several GPUs (`parallel`), their count and strategy."""
     positions = f", {shape.max_positions:,} positions" if shape.max_positions is not None else ""
-    gpus = f"; {parallel.num_devices} GPUs, {parallel.strategy.value}" if parallel.distributed else ""
-    return f"**{shape.name}**: {shape.architecture}, {shape.num_parameters:,} parameters{positions}{gpus}"
+    distributed = parallel is not None and parallel.distributed
+    gpus = f"; {parallel.num_devices} GPUs, {parallel.strategy.value}" if distributed else ""
+    # The name is the user's (an upload's file name): Markdown-escaped, so it is only text.
+    return (f"**{markdown_text(shape.name)}**: {markdown_text(shape.architecture)}, "
+            f"{shape.num_parameters:,} parameters{positions}{gpus}")
 
 
 def task_override_note(context: PageContext) -> str | None:
-    """One line when an uploaded config is planned with another task than its `architectures` names."""
+    """One line when an uploaded config is planned with another task than its `architectures` names
+    (Markdown: the architecture is the config's own text, escaped)."""
     if context.values.model_source != ModelSource.UPLOAD.value:
         return None  # a catalog model's task is a choice among equals (an encoder classifies or fills masks)
     found = config_task(context.config)
     if found is None or found.task is context.scenario.task:
         return None
-    return (f"The config's architectures name {found.architecture} ({found.task.value}); planned as "
-            f"{context.scenario.task.value}, the task chosen in the sidebar.")
+    return (f"The config's architectures name {markdown_text(found.architecture)} ({found.task.value}); "
+            f"planned as {context.scenario.task.value}, the task chosen in the sidebar.")
 
 
 def start_page(title: str) -> PageContext | None:

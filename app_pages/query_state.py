@@ -2,17 +2,26 @@
 here: app.py passes st.query_params in and out).
 
 Only keys of inputs.DEFAULTS travel, each parsed back to its default's type; a value that
-does not parse, or names no catalog model / GPU preset / choice, is dropped (its widget
-keeps its default) rather than breaking the page. The uploaded config cannot travel in a
+does not parse, is out of the planner's bounds (inputs.MAXIMA), or names no catalog model /
+GPU preset / choice, is dropped (its widget keeps its default, and the page says which
+were dropped and why) rather than breaking the page. The uploaded config cannot travel in a
 link: a shared upload-plan opens on the upload source, waiting for the file.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
-from app_pages.inputs import (DEFAULTS, GPU_PRESETS, MODEL_SOURCE_LABELS, OPTIMIZER_LABELS, PRECISION_LABELS,
-                              STRATEGY_LABELS)
+from app_pages.inputs import (
+    DEFAULTS,
+    GPU_PRESETS,
+    MAXIMA,
+    MODEL_SOURCE_LABELS,
+    OPTIMIZER_LABELS,
+    PRECISION_LABELS,
+    STRATEGY_LABELS,
+)
 from planner.catalog import catalog_entries
 from planner.scenario import Attention, Device, Task
 
@@ -27,7 +36,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "strategy": tuple(STRATEGY_LABELS),
 }
 _POSITIVE_INTS = ("num_labels", "batch_size", "seq_len", "grad_accum", "gpu_count")
-_MAXIMA = {"gpu_count": 4096}  # the widget's own max_value
+_MIN_GIB = 0.01  # the GPU capacity widget's own minimum
+# ASCII digits only ("²".isdigit() is true) and short enough for int() (4,300 digits at most).
+_WHOLE_NUMBER = re.compile(r"\+?[0-9]{1,30}")
 
 
 def encode(values: Mapping[str, object]) -> dict[str, str]:
@@ -43,7 +54,13 @@ def encode(values: Mapping[str, object]) -> dict[str, str]:
 
 def decode(params: Mapping[str, object]) -> dict[str, object]:
     """Widget values from query parameters; unknown keys and unparsable values are dropped."""
+    return decode_with_rejects(params)[0]
+
+
+def decode_with_rejects(params: Mapping[str, object]) -> tuple[dict[str, object], dict[str, str]]:
+    """(widget values, {dropped key: why}) from query parameters; unknown keys are ignored."""
     values: dict[str, object] = {}
+    rejected: dict[str, str] = {}
     for key, raw in params.items():
         if key not in DEFAULTS:
             continue
@@ -51,9 +68,33 @@ def decode(params: Mapping[str, object]) -> dict[str, object]:
             raw = raw[-1] if raw else ""
         text = str(raw).strip()
         parsed = _parse(key, text)
-        if parsed is not None:
+        if parsed is None:
+            rejected[key] = _expected(key)
+        else:
             values[key] = parsed
-    return values
+    return values, rejected
+
+
+def rejects_warning(rejected: Mapping[str, str]) -> str:
+    """One line naming the link's dropped keys and what each must be. Keys and reasons only,
+    never the link's own text (which could carry Markdown into the page)."""
+    return ("The link's " + "; ".join(f"{key} must be {why}" for key, why in rejected.items())
+            + ": those kept their defaults.")
+
+
+def _expected(key: str) -> str:
+    """What a value for `key` must be (the page shows it for a dropped one; no user text)."""
+    if key in _POSITIVE_INTS:
+        return f"a whole number from 1 to {MAXIMA[key]:,}"
+    if key in ("catalog_model", "gpu_preset"):
+        return "a name from its list"
+    if key in _CHOICES:
+        return "one of " + ", ".join(_CHOICES[key])
+    if isinstance(DEFAULTS[key], bool):
+        return "true or false"
+    if isinstance(DEFAULTS[key], float):
+        return f"a number from {_MIN_GIB} to {MAXIMA.get(key, float('inf')):,.0f}"
+    return "a value this page can take"
 
 
 def _parse(key: str, text: str) -> object | None:
@@ -65,11 +106,14 @@ def _parse(key: str, text: str) -> object | None:
     if isinstance(default, bool):
         return {"true": True, "false": False, "1": True, "0": False}.get(text.lower())
     if key in _POSITIVE_INTS:
-        return int(text) if text.isdigit() and 1 <= int(text) <= _MAXIMA.get(key, float("inf")) else None
+        if not _WHOLE_NUMBER.fullmatch(text):
+            return None
+        number = int(text)
+        return number if 1 <= number <= MAXIMA[key] else None
     if isinstance(default, float):
         try:
-            number = float(text)
+            number = float(text[:40])
         except ValueError:
             return None
-        return number if 0.01 <= number < float("inf") else None  # the widget's own minimum
+        return number if _MIN_GIB <= number <= MAXIMA.get(key, float("inf")) else None  # also false for NaN
     return None

@@ -9,8 +9,8 @@ so two runs never compete for one device. Progress events from the child (rank 0
 distributed run) become a fraction, a stage and a log line per change.
 
 Known limitations: the queue lives in the Streamlit server's process: restarting the
-server drops queued jobs (a run in progress is killed with its child and recorded as such
-by runners.verify, or found stale later by RunHistory.mark_stale_running_as_failed).
+server drops queued jobs (a run in progress dies with it, its child too, and the next
+opening of the run history marks it killed: RunHistory.mark_runs_of_dead_owners).
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from typing import Callable
 
 from planner.errors import PlannerInputError
 from planner.strategy import Strategy
+from runners.history_errors import HistoryError
 from runners.request import VerifyRequest
+from runners.unrecorded import unrecorded_note
 
 QUEUED, RUNNING, DONE, CANCELLED = "queued", "running", "done", "cancelled"
 DEFAULT_TIMEOUT_S = 900.0
@@ -209,7 +211,7 @@ class RunQueue:
             else:
                 result = self._distributed()(job.request, job.distributed.strategy, job.distributed.num_processes,
                                              self._timeout_s, on_progress, None, cancel=job.cancel)
-        except PlannerInputError as error:
+        except (PlannerInputError, HistoryError) as error:  # one line already, saying what to do
             result, error_text = None, str(error)
         except Exception as error:  # the page must keep working whatever a run does
             result, error_text = None, f"{type(error).__name__}: {error}"
@@ -221,6 +223,9 @@ class RunQueue:
             job.stage = error_text or f"finished: {result.get('status')}" + (
                 f" ({result['reason']})" if result.get("reason") else "")
             job.log.append(job.stage)
+            note = unrecorded_note(result or {})
+            if note is not None:
+                job.log.append(note)
 
 
 _QUEUE: RunQueue | None = None

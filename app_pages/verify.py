@@ -10,6 +10,7 @@ import uuid
 
 import streamlit as st
 
+from app_pages.escaping import markdown_text
 from app_pages.figures import category_comparison_figure, estimate_vs_measured_scatter, technique_bars_figure
 from app_pages.history_access import recent_runs
 from app_pages.page_context import estimate_with_progress, rerun_when_a_run_finishes, start_page
@@ -28,6 +29,7 @@ from planner.errors import PlannerInputError
 from planner.units import format_bytes
 from runners.history import RunMode, RunStatus
 from runners.verify import cuda_is_likely_available
+from runners.unrecorded import unrecorded_note
 
 MODE_HELP = ("auto: CUDA when there is a GPU, else a real CPU run when it fits in free RAM, else simulate. "
              "simulate: fake tensors, nothing allocated, so any model size can be checked on this machine.")
@@ -64,11 +66,11 @@ def _live_runs() -> None:
         job = view.job
         where = ("running now" if view.position == 0 else
                  f"waiting, {view.position} ahead in the queue" if view.position is not None else job.status)
-        st.progress(job.fraction, text=f"{job.label}: {where} · {job.stage}")
+        st.progress(job.fraction, text=markdown_text(f"{job.label}: {where} · {job.stage}"))  # stage: a reason
         if not job.finished and st.button("Cancel", key=f"cancel_{job.id}", help="Drop it from the queue, or "
                                           "stop it (its child process is killed; the history records it)."):
             get_queue().cancel(_session_id(), job.id)
-        with st.expander(f"log of {job.label}", expanded=False):
+        with st.expander(f"log of {markdown_text(job.label)}", expanded=False):
             st.code("\n".join(job.log), language=None)
     finished = [v.job for v in views
                 if v.job.result is not None and v.job.result.get("status") == "ok" and v.job.result.get("measured")]
@@ -88,8 +90,11 @@ def _live_runs() -> None:
                         key="session_categories_chart")
     for job in (v.job for v in views):
         if job.finished and job.status != "ok":
-            st.warning(f"{job.label}: {job.status}. {job.error or (job.result or {}).get('reason') or ''}",
-                       icon=":material/warning:")
+            why = job.error or (job.result or {}).get("reason") or ""
+            st.warning(markdown_text(f"{job.label}: {job.status}. {why}"), icon=":material/warning:")
+        note = unrecorded_note(job.result or {}) if job.finished else None
+        if note is not None:
+            st.warning(markdown_text(f"{job.label}: {note}"), icon=":material/warning:")
 
 
 def _live_runs_fragment() -> None:

@@ -1,5 +1,10 @@
+"""`python -m planner ...`: see planner/cli.py."""
+
 import sys
 
-from planner.cli import main
+try:
+    from planner.cli import main
+except KeyboardInterrupt:  # Ctrl-C while torch and transformers load: no traceback either
+    sys.exit(130)  # 128 + SIGINT, as planner.cli.EXIT_INTERRUPTED
 
 sys.exit(main())

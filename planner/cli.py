@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
+from planner.batch import MAX_BATCH_LINE_CHARS, batch_file, batch_lines, clipped, line_answer
 from planner.catalog import catalog_entries
 from planner.errors import PlannerInputError
 from planner.probe.cache import probe_progress
 from planner.estimate import Estimate, estimate
-from planner.fit import SHARDING_NOTE, FitResult, FitTarget, smallest_plan
-from planner.gpus import GPUS, gpu_spec, nearest_gpu
+from planner.finetune import ALL_LINEAR, FINETUNE_KEYS, QUANT_TYPES, Method
+from planner.fit import SHARDING_NOTE, FitResult, FitTarget, max_batch_size, micro_batch_bound, smallest_plan
+from planner.gpus import GPUS, capacity_bytes_from_gib, gpu_spec, nearest_gpu
 from planner.loading import load_model_shape
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
@@ -23,14 +26,23 @@ from planner.scenario import (Attention, Checkpointing, Device, Engine, Precisio
                               scenario_from_values)
 from planner.strategy import MULTI_DEVICE_STRATEGIES, ParallelPlan, Strategy, parse_strategy
 from planner.step_time import DEFAULT_UTILISATION
-from planner.units import GIB, format_bytes
+from planner.units import format_bytes
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
+
+
+def help_hint(prog: str, tool: str) -> str:
+    """`python -m planner fit --help` for a subcommand's parser, `python -m planner --help` for the tool's."""
+    words = prog.split()
+    command = f" {words[-1]}" if len(words) > 1 else ""
+    return f"see `python -m {tool}{command} --help`"
 
 
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's default prints the whole usage
-        raise PlannerInputError(f"{message} (see `python -m planner {self.prog.split()[-1]} --help`)")
+        raise PlannerInputError(f"{message} ({help_hint(self.prog, 'planner')})")
 
 
 def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +62,27 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="accelerate", choices=[e.value for e in Engine],
                         help="training loop: the lessons' Accelerate loop (default) or transformers' Trainer")
     parser.add_argument("--hub", action="store_true", help="allow fetching --config from the Hugging Face hub")
+    add_finetune_flags(parser)
+
+
+def add_finetune_flags(parser: argparse.ArgumentParser) -> None:
+    """PEFT's LoraConfig and transformers' BitsAndBytesConfig, as a user writes them."""
+    parser.add_argument("--finetune", default="full", choices=[m.value for m in Method],
+                        help="full fine-tuning (default), or LoRA adapters on a frozen base")
+    parser.add_argument("--lora-r", default="16", help="LoRA rank r (default 16)")
+    parser.add_argument("--lora-alpha", default=None, help="LoRA alpha (default 2 x r)")
+    parser.add_argument("--lora-dropout", default="0.05", help="LoRA dropout probability (default 0.05)")
+    parser.add_argument("--lora-targets", default=ALL_LINEAR,
+                        help="all-linear (default) or module names, comma-separated (q_proj,v_proj)")
+    parser.add_argument("--quant-type", default="nf4", choices=list(QUANT_TYPES), help="QLoRA's 4-bit type")
+    parser.add_argument("--double-quant", default=True, action=argparse.BooleanOptionalAction,
+                        help="QLoRA: quantise the quantisation constants too (default on)")
+
+
+def finetune_values(args: argparse.Namespace) -> dict:
+    return {"finetune": args.finetune, "lora_r": args.lora_r, "lora_alpha": args.lora_alpha,
+            "lora_dropout": args.lora_dropout, "lora_targets": args.lora_targets, "quant_type": args.quant_type,
+            "double_quant": args.double_quant}
 
 
 def add_parallel_flags(parser: argparse.ArgumentParser) -> None:
@@ -126,6 +159,9 @@ def parallel_from_values(values: dict, base_dir: Path | None = None, allow_hub: 
     """The single-device estimate (`.base`) and its multi-device plan from user-facing values."""
     plan = plan_from_values(values)
     shape, base = _shape_and_estimate(values, base_dir, allow_hub)
+    if base.scenario.finetune.uses_adapters and (plan.distributed or plan.local_sgd_steps is not None):
+        raise PlannerInputError("LoRA across several devices is not planned yet: use one device "
+                                "(--num-devices 1, no local SGD)")
     return parallel_estimate(shape, base.scenario, plan, base=base)
 
 
@@ -148,7 +184,7 @@ def _shape_and_estimate(values: dict, base_dir: Path | None, allow_hub: bool) ->
         raise PlannerInputError("scenario has no 'task': use sequence-classification, causal-lm or masked-lm")
     known = {"id", "config", "task", "num_labels", "batch_size", "seq_len", "optimizer", "precision",
              "gradient_checkpointing", "grad_accum", "attn", "device", "engine",
-             *PARALLEL_KEYS}
+             *FINETUNE_KEYS, *PARALLEL_KEYS}
     unknown = sorted(set(values) - known)
     if unknown:
         raise PlannerInputError(f"unknown scenario key(s) {', '.join(map(repr, unknown))}: allowed are {', '.join(sorted(known))}")
@@ -196,7 +232,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
               "seq_len": args.seq_len, "optimizer": args.optimizer, "precision": args.precision,
               "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
               "attn": args.attn, "device": args.device, "engine": args.engine, "num_devices": args.num_devices,
-              "strategy": args.strategy, "local_sgd_steps": args.local_sgd_steps}
+              "strategy": args.strategy, "local_sgd_steps": args.local_sgd_steps, **finetune_values(args)}
     if args.json:
         print(json.dumps(result_json(values, base_dir=Path.cwd(), allow_hub=args.hub)))
         return 0
@@ -231,34 +267,18 @@ def format_parallel_table(result: ParallelEstimate) -> str:
     return "\n".join(lines)
 
 
-def _batch_line_result(line: str, base_dir: Path) -> dict:
-    try:
-        values = json.loads(line)
-    except (ValueError, RecursionError) as error:  # ValueError: JSONDecodeError, or an int over 4300 digits
-        detail = getattr(error, "msg", None) or (
-            "too deeply nested" if isinstance(error, RecursionError) else "a number is too long")
-        return {"error": f"line is not valid JSON ({detail})"}
-    if not isinstance(values, dict):
-        return {"error": "line must be a JSON object"}
-    scenario_id = values.get("id")
-    try:
-        result = result_json(values, base_dir=base_dir)
-    except PlannerInputError as error:
-        result = {"error": str(error)}
-    if scenario_id is not None:
-        result = {"id": scenario_id, **result}
-    return result
-
-
 def _run_batch(args: argparse.Namespace) -> int:
-    path = Path(args.file)
-    if not path.is_file():
-        raise PlannerInputError(f"batch file {args.file!r} does not exist")
+    path = batch_file(args.file)
     base_dir = path.resolve().parent
-    with path.open(encoding="utf-8", errors="replace") as lines:
-        for line in lines:
-            if line.strip():
-                print(json.dumps(_batch_line_result(line, base_dir)), flush=False)
+    with path.open(encoding="utf-8", errors="replace") as stream:
+        for line in batch_lines(stream):
+            if line is None:
+                answer = {"error": f"line is longer than {MAX_BATCH_LINE_CHARS:,} characters: not a scenario"}
+            elif line.strip():
+                answer = line_answer(line, lambda values: result_json(values, base_dir=base_dir))
+            else:
+                continue
+            print(json.dumps(answer), flush=False)
     sys.stdout.flush()
     return 0
 
@@ -266,6 +286,9 @@ def _run_batch(args: argparse.Namespace) -> int:
 def _run_report(args: argparse.Namespace) -> int:
     from reporting import write_report
 
+    if args.finetune != Method.FULL.value:
+        raise PlannerInputError("reports compare full fine-tuning techniques only so far: "
+                                "plan LoRA with `python -m planner estimate --finetune lora`")
     print(write_report(vars(args), args.out))
     return 0
 
@@ -273,33 +296,60 @@ def _run_report(args: argparse.Namespace) -> int:
 def fit_table(shape, base, result: FitResult) -> str:
     """The fit finder's answer as a readable table, best first, binary units labelled."""
     t = result.target
-    wanted = (f"effective batch {t.effective_batch}" if t.effective_batch is not None
-              else f"batch {t.batch_size}" if t.batch_size is not None else "the largest batch")
+    wanted = (f"effective batch {t.effective_batch:,}" if t.effective_batch is not None
+              else f"batch {t.batch_size:,}" if t.batch_size is not None else "the largest batch")
     strategy = "single GPU" if result.num_devices == 1 else "DDP, ZeRO-1/2 and FSDP searched"
     lines = [f"{shape.name} ({shape.num_parameters:,} parameters), {base.task.value}, {t.seq_len} tokens, {wanted}",
              f"{result.num_devices} x {format_bytes(result.capacity_bytes)} ({strategy}); "
              f"{result.combinations} combinations tried, "
              f"{len(result.options)} fit; ranked by {result.ranked_by}", ""]
     if not result.options:
-        peak, plan, smallest_strategy = smallest_plan(shape, base, t.seq_len, result.num_devices, result.gpu)
-        sharded = "" if result.num_devices == 1 else f"{smallest_strategy.value}, "
-        more = "more GPUs with sharding" if result.num_devices == 1 else "more GPUs"
-        lines.append(f"Nothing fits. The smallest plan ({sharded}{plan.optimizer.value}, {plan.precision.value}, "
-                     f"checkpointing {'on' if plan.checkpointing is Checkpointing.EVERY_LAYER else 'off'}, batch 1) "
-                     f"needs {format_bytes(peak)} per GPU: a larger GPU, {more}, or LoRA / quantised weights.")
+        lines.append(_why_nothing_fits(shape, base, result))
     else:
-        header = (f"{'#':>3}  {'strategy':<20}{'optimizer':<13}{'precision':<11}{'ckpt':<5}{'accum':>6}{'micro':>7}"
-                  f"{'max micro':>10}{'max seq':>9}{'peak':>13}{'step (s)':>10}{'tokens/s':>11}")
-        lines.append(header)
+        columns = (("#", 3, ">"), ("strategy", 20, "<"), ("optimizer", 12, "<"), ("precision", 11, "<"),
+                   ("ckpt", 4, "<"), ("accum", 6, ">"), ("micro", 9, ">"), ("max micro", 9, ">"),
+                   ("max seq", 9, ">"), ("peak", 12, ">"), ("step (s)", 9, ">"), ("tokens/s", 11, ">"))
+
+        def row(cells) -> str:  # a space between every two columns, so wide numbers never run together
+            return " ".join(f"{cell:{align}{width}}" for cell, (_, width, align) in zip(cells, columns))
+
+        lines.append(row(name for name, _, _ in columns))
         for rank, option in enumerate(result.options, 1):
             j = option.to_json()
             max_seq = "n/a" if j["max_seq_len"] is None else f"{j['max_seq_len']:,}"
-            lines.append(f"{rank:>3}  {j['strategy']:<20}{j['optimizer']:<13}{j['precision']:<11}"
-                         f"{'on' if j['gradient_checkpointing'] else 'off':<5}{j['grad_accum']:>6}{j['batch_size']:>7}"
-                         f"{j['max_batch_size']:>10}{max_seq:>9}{format_bytes(j['peak_bytes']):>13}"
-                         f"{j['step_time_s']:>10.3f}{j['tokens_per_s']:>11,.0f}")
+            lines.append(row((rank, j["strategy"], j["optimizer"], j["precision"],
+                              "on" if j["gradient_checkpointing"] else "off", f"{j['grad_accum']:,}",
+                              f"{j['batch_size']:,}", f"{j['max_batch_size']:,}", max_seq,
+                              format_bytes(j["peak_bytes"]), f"{j['step_time_s']:.3f}", f"{j['tokens_per_s']:,.0f}")))
     lines += [""] + [f"Note: {note}" for note in result.notes]
     return "\n".join(lines)
+
+
+def _why_nothing_fits(shape, base, result: FitResult) -> str:
+    """The real reason: the smallest plan's memory, or, when one sequence fits, the target's
+    micro-batches, which no plan can hold."""
+    t = result.target
+    peak, plan, smallest_strategy = smallest_plan(shape, base, t.seq_len, result.num_devices, result.gpu)
+    sharded = "" if result.num_devices == 1 else f"{smallest_strategy.value}, "
+    described = (f"{sharded}{plan.optimizer.value}, {plan.precision.value}, "
+                 f"checkpointing {'on' if plan.checkpointing is Checkpointing.EVERY_LAYER else 'off'}")
+    bound = micro_batch_bound(result)
+    if peak > result.capacity_bytes or bound is None:
+        more = "more GPUs with sharding" if result.num_devices == 1 else "more GPUs"
+        return (f"Nothing fits. The smallest plan ({described}, batch 1) needs {format_bytes(peak)} per GPU: "
+                f"a larger GPU, {more}, or LoRA / quantised weights.")
+    splits, micro = bound
+    most = max_batch_size(shape, plan, result.capacity_bytes, plan=ParallelPlan(
+        result.num_devices, smallest_strategy)) or 1
+    if t.effective_batch is not None:
+        split = (f"an effective batch of {t.effective_batch:,} splits into at most {splits:,} micro-batches per GPU "
+                 f"(accumulation steps are powers of two dividing it), of {micro:,} sequences each")
+        fix = "an effective batch with more factors of two (a power of two), or more GPUs"
+    else:
+        split = f"a batch of {micro:,} sequences per GPU"
+        fix = f"--batch-size {most:,} or less, --effective-batch to accumulate, or more GPUs"
+    return (f"Nothing fits: {split}, and at most {most:,} fit in {format_bytes(result.capacity_bytes)} "
+            f"(the smallest plan, {described}); give {fix}.")
 
 
 def _positive_float(text: str | None, what: str) -> float | None:
@@ -317,10 +367,10 @@ def _positive_float(text: str | None, what: str) -> float | None:
 def _run_fit(args: argparse.Namespace) -> int:
     from planner.fit import find_fits
 
-    gib = _positive_float(args.gpu_memory_gib, "--gpu-memory-gib")
-    if gib is None and args.gpu is None:
+    if args.gpu_memory_gib is None and args.gpu is None:
         raise PlannerInputError("give --gpu-memory-gib G or --gpu NAME: the memory of one GPU")
-    capacity = round(gib * GIB) if gib is not None else gpu_spec(args.gpu).capacity_bytes
+    capacity = (capacity_bytes_from_gib(args.gpu_memory_gib, "--gpu-memory-gib") if args.gpu_memory_gib is not None
+                else gpu_spec(args.gpu).capacity_bytes)
     gpu = gpu_spec(args.gpu) if args.gpu is not None else nearest_gpu(capacity)
     utilisation = _positive_float(args.utilisation, "--utilisation")
     base = scenario_from_values(task=args.task, batch_size=1, seq_len=args.seq_len, attn=args.attn,
@@ -361,5 +411,19 @@ def main(argv: list[str] | None = None) -> int:
         with probe_progress(lambda message: print(f"planner: {message}", file=sys.stderr, flush=True)):
             return handler(args)
     except PlannerInputError as error:
-        print(f"planner: error: {error}", file=sys.stderr)
+        print(f"planner: error: {clipped(str(error))}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as `cat` does
+        quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        print("planner: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's last flush cannot fail once more."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout already closed or not a file
+        pass

@@ -19,10 +19,13 @@ from dataclasses import dataclass
 from planner.activations import ActivationProfile, activation_profile
 from planner.errors import PlannerInputError
 from planner.model_shape import ArchFamily, ModelShape
+from planner.finetune import Method
 from planner.optimizer_state import (allocation, optimizer_state_bytes, parameter_bytes_per_element,
-                                     parameter_tensor_bytes)
+                                     parameter_tensor_bytes, tensor_state_bytes)
 from planner.optimizer_step import optimizer_step_transient_bytes
 from planner.scenario import Attention, Checkpointing, Device, Engine, Optimizer, Precision, Scenario, Task
+
+MAX_PEAK_BYTES = 1 << 62  # 4 EiB: a quarter of what a signed 64-bit column holds, so sums stay in range
 
 
 class Phase(enum.Enum):
@@ -70,6 +73,8 @@ class Estimate:
     profile: ActivationProfile
     confidence: Confidence
     notes: tuple[str, ...]
+    trainable_parameters: int | None = None  # None: every parameter (full fine-tuning)
+    frozen_weight_bytes: int = 0  # the frozen base of LoRA / QLoRA
 
     @property
     def peak(self) -> PhaseMemory:
@@ -99,8 +104,11 @@ class Estimate:
                 "seq_len": s.seq_len, "optimizer": s.optimizer.value, "precision": s.precision.value,
                 "gradient_checkpointing": s.checkpointing is Checkpointing.EVERY_LAYER,
                 "grad_accum": s.grad_accum_steps, "attn": s.attention.value, "device": s.device.value,
-                "engine": s.engine.value,
+                "engine": s.engine.value, **_finetune_json(s),
             },
+            "trainable_parameters": self.num_parameters if self.trainable_parameters is None
+            else self.trainable_parameters,
+            "frozen_weight_bytes": self.frozen_weight_bytes,
             "weights_bytes": self.weights_bytes,
             "gradients_bytes": self.gradients_bytes,
             "optimizer_state_bytes": self.optimizer_state_bytes,
@@ -117,6 +125,18 @@ class Estimate:
             "confidence": self.confidence.value,
             "notes": list(self.notes),
         }
+
+
+def _finetune_json(scenario: Scenario) -> dict:
+    method = scenario.finetune
+    if not method.uses_adapters:
+        return {"finetune": method.method.value}
+    targets = method.lora_targets if isinstance(method.lora_targets, str) else ",".join(method.lora_targets)
+    values = {"finetune": method.method.value, "lora_r": method.lora_r, "lora_alpha": method.alpha,
+              "lora_dropout": method.lora_dropout, "lora_targets": targets}
+    if method.method is Method.QLORA:
+        values.update(quant_type=method.quant_type, double_quant=method.double_quant)
+    return values
 
 
 _PEAK_REASONS = {
@@ -193,9 +213,48 @@ def check_scenario_fits_model(shape: ModelShape, scenario: Scenario) -> None:
         raise ValueError("scenario task/num_labels differ from the ModelShape's: load the shape for this task")
 
 
+def _adapter_states(shape: ModelShape, scenario: Scenario) -> tuple[int, int, int, int, int]:
+    """(weights, gradients, optimizer state, trainable parameters, frozen weight bytes) of LoRA:
+    the frozen base and the adapters as PEFT builds them, gradients and state for the
+    trainable tensors only (planner.adapters)."""
+    from planner.adapters import adapter_count
+
+    if shape.source_config is None:
+        raise PlannerInputError("LoRA is planned from the model's config: load the model from a config")
+    dtype = "bfloat16" if scenario.precision is Precision.BF16 else "float32"
+    count = adapter_count(shape.source_config, scenario.task, scenario.num_labels, scenario.finetune, dtype)
+    on_device = allocation(scenario.device)
+    weights = (count.all_bytes + on_device(shape.float_buffer_elements * 4) + on_device(shape.other_buffer_bytes))
+    state = tensor_state_bytes(count.trainable, scenario.optimizer, scenario.device, scenario.engine)
+    return weights, count.trainable_bytes, state, count.trainable_parameters, count.all_bytes - count.trainable_bytes
+
+
+def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
+    """LoRA: exact states, and every activation and gradient moment from the probe of the
+    PEFT-wrapped model (frozen linears saving their inputs, adapters' dropout and A-path)."""
+    if scenario.device is not Device.CPU:
+        raise PlannerInputError("LoRA is planned from the probe, which runs CPU kernels: use --device cpu "
+                                "(CUDA's kernels for adapters are not modelled yet)")
+    if scenario.finetune.method is Method.QLORA:
+        raise PlannerInputError("QLoRA's activations are not probed yet: use --finetune lora")
+    weights, gradients, state, trainable, frozen = _adapter_states(shape, scenario)
+    probed = _probed_phases(shape, scenario, weights, state)
+    if isinstance(probed, str):
+        raise PlannerInputError(f"LoRA cannot be planned for {shape.name}: the probe could not run it ({probed})")
+    phases, activations_bytes, on_real_tensors = probed
+    return Estimate(
+        model_name=shape.name, architecture=shape.architecture, num_parameters=shape.stats.num_elements,
+        scenario=scenario, weights_bytes=weights, gradients_bytes=gradients, optimizer_state_bytes=state,
+        activations_bytes=activations_bytes, phases=phases, profile=activation_profile(shape, scenario),
+        confidence=Confidence.PROBED_REAL if on_real_tensors else Confidence.PROBED, notes=(),
+        trainable_parameters=trainable, frozen_weight_bytes=frozen)
+
+
 def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     """Memory of one steady-state optimizer step of `scenario` on `shape`, by phase."""
     check_scenario_fits_model(shape, scenario)
+    if scenario.finetune.uses_adapters:
+        return _adapter_estimate(shape, scenario)
     stats = shape.stats
     element = parameter_bytes_per_element(scenario.precision)
     # Runs build pure-bf16 models with from_config(dtype=bfloat16): buffers made with an
@@ -311,7 +370,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     if scenario.optimizer is Optimizer.PAGED_ADAMW8BIT:
         notes.append("paged 8-bit state lives in CUDA unified memory and can be evicted to CPU RAM; "
                      "it is counted in full here")
-    return Estimate(
+    result = Estimate(
         model_name=shape.name,
         architecture=shape.architecture,
         num_parameters=stats.num_elements,
@@ -325,3 +384,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         confidence=confidence,
         notes=tuple(notes),
     )
+    if result.peak.total > MAX_PEAK_BYTES:  # every table and chart holds bytes as 64-bit integers
+        raise PlannerInputError(f"this plan needs {result.peak.total:,} bytes at its peak, beyond any machine "
+                                f"(at most {MAX_PEAK_BYTES:,} here): lower the batch size or sequence length")
+    return result

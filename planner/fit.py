@@ -301,6 +301,19 @@ def best_options_with_max_seq_len(shape: ModelShape, result: FitResult, count: i
     return dataclasses.replace(result, options=best)
 
 
+def micro_batch_bound(result: FitResult) -> tuple[int, int] | None:
+    """(micro-batches the target splits into at most, sequences in each) when the target's
+    batch per GPU is what stops every plan, None when no batch is targeted."""
+    target = result.target
+    if target.effective_batch is not None:
+        per_device = target.effective_batch // result.num_devices
+        splits = _accumulation_choices(per_device)[-1]
+        return splits, per_device // splits
+    if target.batch_size is not None:
+        return 1, target.batch_size
+    return None
+
+
 def smallest_plan(shape: ModelShape, base: Scenario, seq_len: int,
                   num_devices: int = 1, gpu: GpuSpec | None = None) -> tuple[int, Scenario, Strategy]:
     """The searched combination (and strategy, with several GPUs) with the lowest per-GPU

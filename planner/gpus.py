@@ -39,6 +39,19 @@ from planner.units import MIB
 
 TERA = 10**12
 GIGA = 10**9
+MAX_GPU_GIB = float(1 << 20)  # 1 PiB per GPU: thousands of times any GPU, and bytes stay finite
+
+
+def capacity_bytes_from_gib(value: object, what: str = "GPU memory") -> int:
+    """Bytes of a user-given GPU size in GiB (a number or its text); one-line error otherwise."""
+    try:
+        gib = float(value) if not isinstance(value, bool) else float("nan")
+    except (TypeError, ValueError, OverflowError):
+        gib = float("nan")
+    if not 0 < gib <= MAX_GPU_GIB:  # also false for NaN
+        raise PlannerInputError(f"{what} must be a positive number of GiB, at most {MAX_GPU_GIB:,.0f}, "
+                                f"got {str(value)[:40]!r}")
+    return round(gib * 2**30)
 
 
 @dataclass(frozen=True)

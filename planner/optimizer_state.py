@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 
 from planner.model_shape import ModelShape
 from planner.scenario import Device, Engine, Optimizer, Precision
@@ -93,20 +93,30 @@ def trainer_keeps_embeddings_in_32_bit(optimizer: Optimizer, engine: Engine) -> 
 def optimizer_state_bytes(shape: ModelShape, optimizer: Optimizer, precision: Precision,
                           device: Device = Device.CPU, engine: Engine = Engine.ACCELERATE) -> int:
     """Bytes of distinct storage in `optimizer.state` at steady state, on `device`."""
-    on_device = allocation(device)
     param_bytes = parameter_bytes_per_element(precision)
+    return tensor_state_bytes([(p.name, p.shape, param_bytes) for p in shape.params], optimizer, device, engine,
+                              shape.embedding_param_names)
+
+
+def tensor_state_bytes(tensors: Iterable[tuple[str, tuple[int, ...], int]], optimizer: Optimizer,
+                       device: Device = Device.CPU, engine: Engine = Engine.ACCELERATE,
+                       embedding_names: Collection[str] = ()) -> int:
+    """The state of an optimizer over `tensors` (name, shape, bytes per element): every
+    parameter tensor it updates, in its own dtype (LoRA's fp32 adapters on a bf16 base)."""
+    on_device = allocation(device)
     fp32_embeddings = trainer_keeps_embeddings_in_32_bit(optimizer, engine)
+    tensors = list(tensors)
     total = 0
-    for p in shape.params:
-        if fp32_embeddings and p.name in shape.embedding_param_names:
-            total += 2 * on_device(p.numel * FP32_BYTES)  # bnb 32-bit Adam: two fp32 states
+    for name, shape, param_bytes in tensors:
+        if fp32_embeddings and name in embedding_names:
+            total += 2 * on_device(math.prod(shape) * FP32_BYTES)  # bnb 32-bit Adam: two fp32 states
         else:
-            total += _per_tensor_state(p.shape, optimizer, param_bytes, on_device)
+            total += _per_tensor_state(shape, optimizer, param_bytes, on_device)
     if optimizer in (Optimizer.ADAMW, Optimizer.ADAM, Optimizer.ADAFACTOR) and device is Device.CPU:
-        total += FP32_BYTES * len(shape.params)  # CPU-hosted `step` tensors live where the params do
+        total += FP32_BYTES * len(tensors)  # CPU-hosted `step` tensors live where the params do
     if optimizer in (Optimizer.ADAM8BIT, Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
-        if any(p.numel >= BNB_MIN_8BIT_SIZE and not (fp32_embeddings and p.name in shape.embedding_param_names)
-               for p in shape.params):
+        if any(math.prod(shape) >= BNB_MIN_8BIT_SIZE and not (fp32_embeddings and name in embedding_names)
+               for name, shape, _ in tensors):
             total += 2 * on_device(BNB_QMAP_BYTES)  # qmap1 and qmap2, shared
     return total
 

@@ -7,12 +7,19 @@ Names and aliases follow ../shared/DESIGN.md ("Interfaces other code relies on")
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass
 
 from planner.errors import PlannerInputError
+from planner.finetune import ALL_LINEAR, FineTune, finetune_from_values
 
 MAX_NUM_LABELS = 1 << 20  # sequence-classification classes; transformers keeps a label name per class
+# Beyond any real training step, and small enough that every byte count stays a finite float
+# and fits a 64-bit table column (pandas, SQLite, Streamlit's widgets).
+MAX_BATCH_SIZE = 1 << 24  # sequences per micro-batch
+MAX_SEQ_LEN = 1 << 24  # tokens: above the longest context window published (10M)
+MAX_GRAD_ACCUM = 1 << 24  # micro-batches per optimizer step
 
 
 class Task(enum.Enum):
@@ -119,6 +126,7 @@ class Scenario:
     device: Device = Device.CUDA
     num_labels: int = 2  # only read for sequence classification
     engine: Engine = Engine.ACCELERATE
+    finetune: FineTune = FineTune()  # full fine-tuning, or LoRA / QLoRA adapters (planner.finetune)
 
     def __post_init__(self) -> None:
         _positive_int(self.batch_size, "batch size")
@@ -127,11 +135,19 @@ class Scenario:
         _positive_int(self.num_labels, "number of labels")
         if self.num_labels > MAX_NUM_LABELS:  # transformers builds an id2label dict of this size: a hang
             raise PlannerInputError(f"number of labels must be at most {MAX_NUM_LABELS:,}, got {self.num_labels:,}")
+        for name, what, most in (("batch_size", "batch size", MAX_BATCH_SIZE),
+                                 ("seq_len", "sequence length", MAX_SEQ_LEN),
+                                 ("grad_accum_steps", "gradient accumulation steps", MAX_GRAD_ACCUM)):
+            if getattr(self, name) > most:
+                raise PlannerInputError(f"{what} must be at most {most:,}, got {getattr(self, name):,}: "
+                                        "beyond any real training step")
         for name, kind in (("task", Task), ("optimizer", Optimizer), ("precision", Precision),
                            ("checkpointing", Checkpointing), ("attention", Attention), ("device", Device),
                            ("engine", Engine)):
             if not isinstance(getattr(self, name), kind):
                 raise PlannerInputError(f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
+        if not isinstance(self.finetune, FineTune):
+            raise PlannerInputError(f"finetune must be a FineTune, got {self.finetune!r}")
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -157,6 +173,20 @@ def _as_int(value: object, what: str) -> int:
 as_int = _as_int  # for other modules' user-facing integers (the CLI's)
 
 
+def _as_number(value: object, what: str) -> float:
+    """A finite number from an int, a float or a numeric string; one line otherwise."""
+    if isinstance(value, bool):
+        raise PlannerInputError(f"{what} must be a number, got {value!r}")
+    if isinstance(value, str) and len(value) < 40:
+        try:
+            value = float(value.strip())
+        except ValueError:
+            pass
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return value
+    raise PlannerInputError(f"{what} must be a finite number, got {str(value)[:40]!r}")
+
+
 def _as_bool(value: object, what: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -180,8 +210,20 @@ def scenario_from_values(
     device: str = "cuda",
     num_labels: object = 2,
     engine: str = "accelerate",
+    finetune: str = "full",
+    lora_r: object = 16,
+    lora_alpha: object = None,
+    lora_dropout: object = 0.05,
+    lora_targets: str = ALL_LINEAR,
+    quant_type: str = "nf4",
+    double_quant: object = True,
 ) -> Scenario:
     """Scenario from user-facing names (CLI flags, JSONL keys, dashboard widgets)."""
+    method = finetune_from_values(
+        str(finetune), lora_r=_as_int(lora_r, "LoRA rank"),
+        lora_alpha=None if lora_alpha is None else _as_number(lora_alpha, "LoRA alpha"),
+        lora_dropout=_as_number(lora_dropout, "LoRA dropout"), lora_targets=lora_targets,
+        quant_type=str(quant_type), double_quant=_as_bool(double_quant, "double_quant"))
     return Scenario(
         task=parse_enum(Task, task, "task"),
         batch_size=_as_int(batch_size, "batch size"),
@@ -196,4 +238,5 @@ def scenario_from_values(
         device=parse_enum(Device, device, "device"),
         num_labels=_as_int(num_labels, "number of labels"),
         engine=parse_enum(Engine, engine, "engine"),
+        finetune=method,
     )

@@ -12,6 +12,7 @@ import copy
 import json
 import warnings
 
+from planner.build_guard import MAX_PARAMETERS, check_build_size, module_budget
 from planner.errors import PlannerInputError
 from planner.model_shape import ArchFamily, FsdpUnit, FsdpUnitKind, MlpKind, ModelShape, NormKind, ParamTensor
 from planner.scenario import Task
@@ -39,7 +40,8 @@ _AUTO_CLASS_BY_TASK = {
     Task.MASKED_LM: "AutoModelForMaskedLM",
 }
 
-# Size keys (under any of their names) whose values must be positive integers.
+# Keys the planner itself reads as sizes (planner.build_guard bounds every size the
+# architecture reads): whatever their value, they must be positive integers.
 _SIZE_KEYS = (
     "hidden_size", "n_embd", "dim", "d_model",
     "num_hidden_layers", "n_layer", "n_layers",
@@ -47,10 +49,6 @@ _SIZE_KEYS = (
     "num_key_value_heads", "intermediate_size", "n_inner", "hidden_dim", "ffn_dim",
     "vocab_size", "max_position_embeddings", "n_positions", "head_dim",
 )
-# Guards against configs that would take minutes to build even on the meta device.
-_MAX_LAYERS = 1024
-_MAX_WIDTH = 1 << 20  # hidden, intermediate and vocabulary sizes
-_MAX_PARAMETERS = 10**13
 
 
 def _first_attr(config, names: tuple[str, ...], default=None):
@@ -68,17 +66,6 @@ def _validate_sizes(config_dict: dict) -> None:
         value = config_dict[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlannerInputError(f"config field {key!r} must be a positive integer, got {value!r}")
-        limit = _MAX_LAYERS if key in ("num_hidden_layers", "n_layer", "n_layers") else _MAX_WIDTH
-        if key not in ("max_position_embeddings", "n_positions") and value > limit:
-            raise PlannerInputError(f"config field {key!r} = {value:,} is larger than this planner supports ({limit:,})")
-
-
-def _rough_parameter_count(config) -> int:
-    hidden = _first_attr(config, ("hidden_size",), 0) or 0
-    layers = _first_attr(config, ("num_hidden_layers",), 0) or 0
-    inner = _first_attr(config, ("intermediate_size", "n_inner", "hidden_dim", "ffn_dim"), 4 * hidden) or 4 * hidden
-    vocab = _first_attr(config, ("vocab_size",), 0) or 0
-    return layers * (4 * hidden * hidden + 3 * hidden * inner) + 2 * vocab * hidden
 
 
 def _intermediate_size(config, hidden: int, family: ArchFamily) -> int:
@@ -91,9 +78,12 @@ def _rotary_fraction(config, family: ArchFamily) -> float:
     rope = getattr(config, "rope_parameters", None) or {}
     partial = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
     partial = partial if partial is not None else _first_attr(config, ("partial_rotary_factor", "rotary_pct"))
-    if partial is not None:
-        return float(partial)
-    return 1.0 if family in (ArchFamily.LLAMA, ArchFamily.GPT_NEOX, ArchFamily.PHI) else 0.0
+    if partial is None:
+        return 1.0 if family in (ArchFamily.LLAMA, ArchFamily.GPT_NEOX, ArchFamily.PHI) else 0.0
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+        raise PlannerInputError(f"config field 'partial_rotary_factor' (or 'rotary_pct') must be a number in (0, 1], "
+                                f"got {partial!r}: the share of each head that rotary embeddings rotate")
+    return float(partial)
 
 
 def load_transformers_config(config_dict: dict, task: Task, num_labels: int):
@@ -123,10 +113,33 @@ def load_transformers_config(config_dict: dict, task: Task, num_labels: int):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return AutoConfig.for_model(model_type, **kwargs)
+            config = AutoConfig.for_model(model_type, **kwargs)
     except Exception as error:  # transformers raises many types for bad fields
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise PlannerInputError(f"config for {model_type!r} is invalid: {message}") from None
+    check_build_size(config)  # before anything is built, on every path (shapes, probe, runs)
+    return config
+
+
+def _check_attention_sizes(config) -> None:
+    """The sizes the planner's activation model reads: an attention transformer's width, depth,
+    heads and vocabulary (a state-space model such as Mamba or RWKV has no heads to plan)."""
+    sizes = {name: getattr(config, name, None)
+             for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")}
+    missing = [name for name, value in sizes.items() if value is None]
+    if missing:
+        raise PlannerInputError(
+            f"architecture {config.model_type!r} has no {', '.join(missing)}: the planner models attention "
+            "transformers (encoders, decoders), not state-space or recurrent models such as Mamba or RWKV")
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlannerInputError(f"config field {name!r} must be a positive integer, got {value!r}")
+    heads = sizes["num_attention_heads"]
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
+        raise PlannerInputError(
+            f"num_attention_heads = {heads} is not a multiple of num_key_value_heads = {kv_heads!r}: "
+            "each key/value head serves a whole group of query heads; fix one of them")
 
 
 def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: str = "model") -> ModelShape:
@@ -135,14 +148,15 @@ def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: 
     import transformers
 
     config = load_transformers_config(config_dict, task, num_labels)
+    _check_attention_sizes(config)
     family = _FAMILY_BY_MODEL_TYPE.get(config.model_type, ArchFamily.UNKNOWN)
-    if _rough_parameter_count(config) > _MAX_PARAMETERS:
-        raise PlannerInputError("config describes a model above 10 trillion parameters: check its sizes")
     auto_class = getattr(transformers, _AUTO_CLASS_BY_TASK[task])
     try:
-        with warnings.catch_warnings(), torch.device("meta"):
+        with warnings.catch_warnings(), torch.device("meta"), module_budget():
             warnings.simplefilter("ignore")
             model = auto_class.from_config(config, trust_remote_code=False)
+    except PlannerInputError:
+        raise
     except ValueError as error:
         if "Unrecognized configuration class" in str(error):
             raise PlannerInputError(
@@ -155,6 +169,10 @@ def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: 
 
     # named_parameters() yields each tensor once, so tied embeddings are counted once.
     params = tuple(ParamTensor(n, tuple(p.shape)) for n, p in model.named_parameters())
+    count = sum(p.numel() for p in model.parameters())
+    if count > MAX_PARAMETERS:  # exact on the (bounded) meta build; no real model is this large
+        raise PlannerInputError(f"config describes a model of {count:,} parameters, above {MAX_PARAMETERS:,}: "
+                                "check its sizes")
     hidden = int(config.hidden_size)
     heads = int(config.num_attention_heads)
     kv_heads = int(_first_attr(config, ("num_key_value_heads",), heads) or heads)

@@ -1,7 +1,9 @@
 """The report's content (build_report) and its four renderings (render_report).
 
-All user-supplied text (model and file names, run reasons, notes) is escaped with
-html.escape in HTML and has its table-breaking characters escaped in Markdown.
+All user-supplied text (model and file names, run reasons, notes) is escaped for the
+channel it lands in (app_pages.escaping): html.escape in HTML, Plotly's pseudo-HTML in the
+charts (by the figure builders), every markup character in Markdown, and formula prefixes
+(= + - @ tab CR) in CSV cells.
 Raw bytes are kept in every format; formatted sizes (binary units) sit beside them.
 With more than one GPU every format adds a "Multiple GPUs" section (reporting.multi_gpu).
 """
@@ -29,6 +31,7 @@ from app_pages.comparison import (
     memory_vs_batch,
     saving_pct,
 )
+from app_pages.escaping import csv_cell, markdown_text
 from app_pages.figures import (
     estimate_vs_measured_scatter,
     memory_vs_batch_figure,
@@ -40,10 +43,11 @@ from app_pages.verify_results import history_table, scatter_points
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.model_shape import ModelShape
+from planner.gpus import capacity_bytes_from_gib
 from planner.parallel import ParallelEstimate, parallel_estimate
 from planner.scenario import as_int, scenario_from_values
-from planner.strategy import ParallelPlan, Strategy, parse_strategy
-from planner.units import GIB, format_bytes
+from planner.strategy import MAX_DEVICES, ParallelPlan, Strategy, parse_strategy
+from planner.units import format_bytes
 from reporting.multi_gpu import (
     DEFAULT_RUN_STEPS,
     MultiGpuSection,
@@ -213,10 +217,7 @@ def _md_cell(value: object) -> str:
         return ""
     if isinstance(value, float):
         return _float_cell(value)
-    text = str(value)
-    for char in ("\\", "|", "`", "*", "_", "<", ">", "[", "]"):
-        text = text.replace(char, "\\" + char)
-    return text.replace("\n", " ")
+    return markdown_text(value)
 
 
 def _md_table(table: pd.DataFrame) -> str:
@@ -276,6 +277,7 @@ def to_csv(report: Report) -> str:
     sections = [t.astype({c: "Int64" for c in t.columns if pd.api.types.is_integer_dtype(t[c])}) for t in sections]
     table = pd.concat(sections, ignore_index=True)
     table = table[["section", *[c for c in table.columns if c != "section"]]]
+    table = table.map(csv_cell)  # a model name "=HYPERLINK(...)" must stay text in a spreadsheet
     buffer = io.StringIO()
     table.to_csv(buffer, index=False)
     return buffer.getvalue()
@@ -396,18 +398,16 @@ def report_for_values(values: Mapping[str, object], base_dir: Path | None = None
         capacity, label = GPU_PRESETS[gpu], str(gpu)
     else:
         try:
-            gib = float(gpu)
+            float(gpu)
         except (TypeError, ValueError):
             presets = ", ".join(repr(p) for p, size in GPU_PRESETS.items() if size is not None)
             raise PlannerInputError(f"unknown GPU {gpu!r}: give a size in GiB or one of {presets}") from None
-        if not 0 < gib < float("inf"):
-            raise PlannerInputError(f"GPU size must be a positive number of GiB, got {gpu!r}")
-        capacity, label = round(gib * GIB), f"{gib:g} GiB"
-    count = values.get("gpu_count") or 1
-    if isinstance(count, str) and count.isdigit():
-        count = int(count)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise PlannerInputError(f"number of GPUs must be a positive integer, got {count!r}")
+        capacity = capacity_bytes_from_gib(gpu, "GPU size (--gpu)")
+        label = f"{float(gpu):g} GiB"
+    count = as_int(values.get("gpu_count") or 1, "number of GPUs (--gpu-count)")
+    if not 1 <= count <= MAX_DEVICES:
+        raise PlannerInputError(f"number of GPUs (--gpu-count) must be an integer from 1 to {MAX_DEVICES:,}, "
+                                f"got {count:,}")
     run_steps = values.get("run_steps")
     run_steps = DEFAULT_RUN_STEPS if run_steps is None else as_int(run_steps, "run steps")
     local_sgd = values.get("local_sgd_steps")

@@ -7,10 +7,15 @@ reach stdout, so fd 1 is pointed at stderr before anything is imported (transfor
 accelerate and C extensions print) and the protocol writes go to a private copy of the
 original stdout.
 
+Before anything else the child binds its life to its parent's (runners.parent_death: a
+SIGKILLed parent takes it along) and puts itself under the run's memory limit
+(runners.memory_limit, from $PLANNER_MEMORY_LIMIT_BYTES).
+
 Every failure becomes a result, not a traceback: an exception is status "failed" with a
 one-line reason ("Type: message"); torch.OutOfMemoryError is status "oom" with the size
-the allocator was asked for. Only a signal (SIGKILL, the OOM killer, a segfault) ends the
-process without a result line; the parent reports those.
+the allocator was asked for, and so is an allocation refused under the memory limit (its
+reason starts "over the run's memory limit"). Only a signal (SIGKILL, the OOM killer, a
+segfault) ends the process without a result line; the parent reports those.
 
 `request.inject_fault` (tests only, runners.request.INJECTABLE_FAULTS) stages a failure
 before the real work starts, so every failure path runs through a real process.
@@ -25,6 +30,14 @@ import sys
 _PROTOCOL_FD = os.dup(1)
 os.dup2(2, 1)
 sys.stdout = sys.stderr
+
+from runners.parent_death import die_with_parent, expected_parent_from_env  # noqa: E402
+
+die_with_parent(expected_parent_from_env())  # before the slow imports: a dead parent ends us at once
+
+from runners import memory_limit  # noqa: E402
+
+MEMORY_LIMIT_BYTES = memory_limit.apply_from_env()  # before torch: every allocation counts
 
 import faulthandler  # noqa: E402
 import json  # noqa: E402
@@ -75,7 +88,8 @@ def requested_bytes(message: str) -> int | None:
 
 
 def environment() -> dict:
-    env = {"python": platform.python_version(), "platform": platform.platform(), "pid": os.getpid()}
+    env = {"python": platform.python_version(), "platform": platform.platform(), "pid": os.getpid(),
+           "memory_limit_bytes": MEMORY_LIMIT_BYTES, "max_rss_bytes": _max_rss_bytes()}
     torch = sys.modules.get("torch")
     if torch is not None:
         env["torch"] = torch.__version__
@@ -83,6 +97,18 @@ def environment() -> dict:
     if transformers is not None:
         env["transformers"] = transformers.__version__
     return env
+
+
+def _max_rss_bytes() -> int | None:
+    """This process's peak resident memory so far (VmHWM), in bytes; None without /proc."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
@@ -106,6 +132,17 @@ def _stage_fault(fault: str, steps: int) -> None:
     if fault == "raise":
         progress({"stage": "step", "step": 1, "steps": steps, "message": "injected fault: raising"})
         raise RuntimeError("injected fault: the run raised mid-way")
+    if fault == "hog-memory":
+        if MEMORY_LIMIT_BYTES is None:
+            raise RuntimeError("injected fault hog-memory needs a memory limit: it would take the machine's RAM")
+        progress({"stage": "step", "step": 1, "steps": steps, "message": "injected fault: allocating without end"})
+        held = []
+        try:
+            while True:  # 64 MiB at a time, every page touched, as a growing run's tensors are
+                held.append(bytearray(64 * 2**20))
+        except MemoryError:
+            held.clear()  # room to report
+            raise
     if fault == "cuda-oom":
         import torch
 
@@ -139,6 +176,11 @@ def run(request_json: dict) -> dict:
         return {**base, "environment": environment(), **result}
     except BaseException as error:  # noqa: BLE001: every failure (SystemExit, SIGINT too) is reported
         reason = one_line_reason(error)
+        if MEMORY_LIMIT_BYTES is not None and memory_limit.is_allocation_failure(error):
+            error.__traceback__ = None  # frees the run's tensors its frames hold: room to report
+            return {**base, "status": "oom", "environment": environment(),
+                    "reason": memory_limit.over_limit_reason(MEMORY_LIMIT_BYTES, reason)[:MAX_REASON_CHARS],
+                    "oom_requested_bytes": requested_bytes(str(error)), "memory_limit_bytes": MEMORY_LIMIT_BYTES}
         if _is_out_of_memory(error):
             return {**base, "status": "oom", "environment": environment(), "reason": reason,
                     "oom_requested_bytes": requested_bytes(str(error))}

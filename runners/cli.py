@@ -10,22 +10,31 @@ stage otherwise); with `--json` the last stdout line is the result object.
 Exit status (EXIT_CODES):
   0  ok: measured
   1  the run did not answer: failed, timeout or killed (the reason says why)
-  2  bad input: one line on stderr, nothing recorded
+  2  bad input, or a run history that cannot be used (a damaged, read-only or newer
+     database...): one line on stderr saying how to recover, nothing run
   3  a valid "no": oom (the scenario does not fit) or refused (not started, e.g. a CPU
      run too big for free RAM; the reason suggests what to do)
   130 interrupted with Ctrl-C (the child is killed and the run recorded as killed)
+  143 stopped by SIGTERM or SIGHUP (likewise)
+
+A run whose outcome the history could not store (its database deleted or damaged during
+the run) still prints its result, plus one line on stderr naming the file beside the
+database that keeps it (runners.unrecorded); `history` lists how many such files wait.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
-from planner.cli import EXIT_BAD_INPUT, OneLineParser, add_scenario_flags
+from planner.cli import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, OneLineParser, add_scenario_flags, help_hint, quiet_stdout
 from planner.config_source import resolve_config
 from planner.errors import PlannerInputError
+from planner.scenario import as_int
 from planner.strategy import MULTI_DEVICE_STRATEGIES, Strategy, parse_strategy
 from planner.units import format_bytes
 from runners.request import INJECTABLE_FAULTS, Engine, Mode, VerifyRequest
@@ -34,14 +43,24 @@ EXIT_OK = 0
 EXIT_RUN_FAILED = 1
 EXIT_DOES_NOT_FIT = 3
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 128 + signal.SIGTERM
 EXIT_CODES = {"ok": EXIT_OK, "failed": EXIT_RUN_FAILED, "timeout": EXIT_RUN_FAILED, "killed": EXIT_RUN_FAILED,
               "oom": EXIT_DOES_NOT_FIT, "refused": EXIT_DOES_NOT_FIT}
 BAR_WIDTH = 24
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP arrived: unwinds like Ctrl-C, so the run in progress is stopped
+    (its child killed) and recorded as killed before the process exits."""
+
+
+def _raise_terminated(number, frame) -> None:
+    raise Terminated(f"stopped by {signal.Signals(number).name}")
+
+
 class _Parser(OneLineParser):
     def error(self, message: str) -> None:  # the planner's parser names `python -m planner` in its hint
-        raise PlannerInputError(f"{message} (see `python -m runners {self.prog.split()[-1]} --help`)")
+        raise PlannerInputError(f"{message} ({help_hint(self.prog, 'runners')})")
 
 
 def _positive_number(text: str) -> float:
@@ -52,6 +71,22 @@ def _positive_number(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
+
+
+MAX_HISTORY_LIMIT = 1_000_000  # runs listed; SQLite's LIMIT takes a 64-bit integer
+
+
+def _bounded_int(what: str, low: int, high: int):
+    """An argparse type: an integer from low to high, or a one-line error naming the range."""
+    def parse(text: str) -> int:
+        try:
+            value = as_int(text, what)
+        except PlannerInputError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{what} must be an integer from {low:,} to {high:,}, got {text[:40]!r}")
+        return value
+    return parse
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -67,7 +102,7 @@ def _build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--mode", default=Mode.AUTO.value, choices=[m.value for m in Mode],
                         help="auto: cuda if available, else cpu if it fits in free RAM, else simulate")
     verify.add_argument("--local-sgd-steps", type=int, default=None, help="accelerate LocalSGD every K steps")
-    verify.add_argument("--seed", type=int, default=0)
+    verify.add_argument("--seed", type=int, default=0, help="weights' and batches' seed (runners.request.MAX_SEED)")
     verify.add_argument("--timeout", type=_positive_number, default=DEFAULT_TIMEOUT_S,
                         help=f"wall-clock limit in seconds (default {DEFAULT_TIMEOUT_S:g})")
     verify.add_argument("--json", action="store_true", help="last stdout line: the result as one JSON object")
@@ -80,7 +115,7 @@ def _build_parser() -> argparse.ArgumentParser:
                              "e.g. across machines with accelerate launch)")
     verify.add_argument("--inject-fault", choices=INJECTABLE_FAULTS, default=None, help=argparse.SUPPRESS)
     history = commands.add_parser("history", help="list recent runs")
-    history.add_argument("--limit", type=int, default=20)
+    history.add_argument("--limit", type=_bounded_int("--limit", 1, MAX_HISTORY_LIMIT), default=20)
     history.add_argument("--json", action="store_true", help="one JSON array of runs")
     return parser
 
@@ -173,6 +208,18 @@ def format_result(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _check_job_path(args: argparse.Namespace) -> None:
+    """--write-job's file can be written, before anything is planned or run."""
+    if args.num_processes < 2:
+        raise PlannerInputError("--write-job writes a distributed job: give --num-processes 2 or more")
+    path = Path(args.write_job)
+    if path.is_dir():
+        raise PlannerInputError(f"--write-job {args.write_job[:200]!r} is a folder: give a file name, e.g. "
+                                f"{str(path / 'job.json')[:200]!r}")
+    if not path.parent.is_dir():
+        raise PlannerInputError(f"--write-job: folder {str(path.parent)[:200]!r} does not exist: create it first")
+
+
 def _run_verify(args: argparse.Namespace) -> int:
     from runners.verify import verify
 
@@ -180,6 +227,8 @@ def _run_verify(args: argparse.Namespace) -> int:
         raise PlannerInputError(f"--num-processes must be a positive integer, got {args.num_processes}")
     if args.num_processes == 1 and args.strategy is not None:
         raise PlannerInputError("--strategy needs --num-processes 2 or more")
+    if args.write_job is not None:
+        _check_job_path(args)
     request = _request_from_args(args)
     if args.num_processes > 1:
         return _run_distributed_verify(args, request)
@@ -192,7 +241,16 @@ def _run_verify(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(format_result(result))
+    _report_unrecorded(result)
     return EXIT_CODES.get(result["status"], EXIT_RUN_FAILED)
+
+
+def _report_unrecorded(result: dict) -> None:
+    from runners.unrecorded import unrecorded_note
+
+    note = unrecorded_note(result)
+    if note is not None:
+        print(f"runners: warning: {note}", file=sys.stderr)
 
 
 # --- distributed runs (runners.launch) ----------------------------------------------------
@@ -257,6 +315,7 @@ def _run_distributed_verify(args: argparse.Namespace, request: VerifyRequest) ->
         print(json.dumps(result))
     else:
         print(format_distributed_result(result, request.model_name, request.steps))
+    _report_unrecorded(result)
     return EXIT_CODES.get(result["status"], EXIT_RUN_FAILED)
 
 
@@ -270,10 +329,14 @@ def _record_json(record) -> dict:
 
 def _run_history(args: argparse.Namespace) -> int:
     from runners.history import RunHistory
+    from runners.unrecorded import unrecorded_path
 
-    if args.limit < 1:
-        raise PlannerInputError(f"--limit must be a positive integer, got {args.limit}")
-    records = RunHistory().list_runs(limit=args.limit)
+    store = RunHistory()  # opening it marks the runs whose process died as killed
+    records = store.list_runs(limit=args.limit)
+    waiting = sorted(unrecorded_path(store.path, "x").parent.glob("*.json"))
+    if waiting:
+        print(f"runners: warning: {len(waiting)} run(s) could not be recorded and wait in {waiting[0].parent}",
+              file=sys.stderr)
     if args.json:
         print(json.dumps([_record_json(r) for r in records]))
         return EXIT_OK
@@ -289,12 +352,27 @@ def _run_history(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from runners.history_errors import HistoryError
+
+    # Handlers can be set only in the main thread (a test may call main from another).
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = {number: signal.signal(number, _raise_terminated) for number in (signal.SIGTERM, signal.SIGHUP)
+                if in_main}
     try:
         args = _build_parser().parse_args(argv)
         return {"verify": _run_verify, "history": _run_history}[args.command](args)
-    except PlannerInputError as error:
+    except (PlannerInputError, HistoryError) as error:
         print(f"runners: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("runners: interrupted: a run in progress was stopped and recorded as killed", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated as stop:
+        print(f"runners: {stop}: a run in progress was stopped and recorded as killed", file=sys.stderr)
+        return EXIT_TERMINATED
+    except BrokenPipeError:  # the reader went away (`history | head`): stop quietly
+        quiet_stdout()
+        return EXIT_BROKEN_PIPE
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)

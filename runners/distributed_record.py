@@ -14,6 +14,7 @@ from typing import Callable
 from planner.strategy import Strategy
 from runners.history import RunHistory, RunStatus
 from runners.request import VerifyRequest
+from runners.unrecorded import finish_or_keep
 
 
 def _distributed_estimate_json(request: VerifyRequest, strategy: Strategy, num_processes: int) -> dict:
@@ -53,7 +54,8 @@ def verify_distributed(request: VerifyRequest, strategy: Strategy, num_processes
                        on_progress: Callable[[dict], None] | None = None, history: RunHistory | None = None, *,
                        cancel: threading.Event | None = None) -> dict:
     """Plan, record as running, run on `num_processes` ranks (runners.launch.run_distributed),
-    record the outcome; answers run_distributed's dict plus run_id and estimated.
+    record the outcome; answers run_distributed's dict plus run_id, estimated and unrecorded
+    (as runners.verify.verify's: None once recorded, else why and the file that keeps it).
 
     A refused plan is recorded as refused and starts no process. Raises PlannerInputError
     for bad input (nothing is recorded then); the caller's own interruption is recorded
@@ -63,21 +65,26 @@ def verify_distributed(request: VerifyRequest, strategy: Strategy, num_processes
     plan = plan_distributed(request, strategy, num_processes)
     history = history if history is not None else RunHistory()
     estimated = _distributed_estimate_json(plan.request, strategy, num_processes)
-    run_id = history.start_run(request.model_name, plan.request.mode.value,
-                               _distributed_scenario_record(plan.request, request, strategy, num_processes), estimated)
+    scenario_record = _distributed_scenario_record(plan.request, request, strategy, num_processes)
+    run_id = history.start_run(request.model_name, plan.request.mode.value, scenario_record, estimated)
+    started = {"model_name": request.model_name, "mode": plan.request.mode.value, "scenario": scenario_record,
+               "estimate": estimated}
     try:
         result = run_planned(plan, timeout_s, on_progress=on_progress, cancel=cancel)
     except BaseException as error:
         status = RunStatus.FAILED if isinstance(error, Exception) else RunStatus.KILLED
-        history.finish_run(run_id, status, reason=f"the caller stopped: {type(error).__name__}: {error}"[:500])
+        finish_or_keep(history, run_id, status, started,
+                       reason=f"the caller stopped: {type(error).__name__}: {error}"[:500])
         raise
     result["run_id"] = run_id
     result["estimated"] = estimated
     environment = result["ranks"][0].get("environment") if result["ranks"] else None
     try:
-        history.finish_run(run_id, result["status"], measurement=_distributed_measurement_record(result),
-                           environment=environment, reason=result["reason"])
+        result["unrecorded"] = finish_or_keep(history, run_id, result["status"], started,
+                                              measurement=_distributed_measurement_record(result),
+                                              environment=environment, reason=result["reason"])
     except ValueError as error:  # a measurement the store cannot hold (not JSON, NaN): still record the run
         result.update(status=RunStatus.FAILED.value, reason=f"the result could not be stored: {error}")
-        history.finish_run(run_id, RunStatus.FAILED, reason=result["reason"][:500])
+        result["unrecorded"] = finish_or_keep(history, run_id, RunStatus.FAILED, started,
+                                              reason=result["reason"][:500])
     return result

@@ -136,22 +136,24 @@ def run_trainer(model, optimizer, batches: list[dict], scenario: Scenario, steps
     from runners.optimizers import reset_bitsandbytes_overrides
 
     reset_bitsandbytes_overrides()
-    output_dir = tempfile.mkdtemp(prefix="planner-trainer-")
-    arguments = dict(
-        output_dir=output_dir, max_steps=steps, per_device_train_batch_size=scenario.batch_size,
-        gradient_accumulation_steps=scenario.grad_accum_steps, learning_rate=1e-4, lr_scheduler_type="constant",
-        bf16=scenario.precision is Precision.BF16_MIXED, fp16=scenario.precision is Precision.FP16_MIXED,
-        gradient_checkpointing=scenario.checkpointing is Checkpointing.EVERY_LAYER,
-        report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, use_cpu=cpu,
-        dataloader_num_workers=0, dataloader_pin_memory=False, remove_unused_columns=False, seed=0,
-    )
-    if optimizer is None:
-        arguments["optim"] = _TRAINER_OPTIM[scenario.optimizer]
-    trainer = _MeasuredTrainer(model=model, args=TrainingArguments(**arguments),
-                               train_dataset=_ListDataset(_rows(batches, steps)),
-                               optimizers=(optimizer, None) if optimizer is not None else (None, None),
-                               callbacks=[_Watch()])
-    trainer.train()
+    # The Trainer insists on an output_dir (save_strategy "no" writes nothing to it): a
+    # temporary one, removed with the run (in a child it also sits in the run's scratch TMPDIR).
+    with tempfile.TemporaryDirectory(prefix="planner-trainer-") as output_dir:
+        arguments = dict(
+            output_dir=output_dir, max_steps=steps, per_device_train_batch_size=scenario.batch_size,
+            gradient_accumulation_steps=scenario.grad_accum_steps, learning_rate=1e-4, lr_scheduler_type="constant",
+            bf16=scenario.precision is Precision.BF16_MIXED, fp16=scenario.precision is Precision.FP16_MIXED,
+            gradient_checkpointing=scenario.checkpointing is Checkpointing.EVERY_LAYER,
+            report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, use_cpu=cpu,
+            dataloader_num_workers=0, dataloader_pin_memory=False, remove_unused_columns=False, seed=0,
+        )
+        if optimizer is None:
+            arguments["optim"] = _TRAINER_OPTIM[scenario.optimizer]
+        trainer = _MeasuredTrainer(model=model, args=TrainingArguments(**arguments),
+                                   train_dataset=_ListDataset(_rows(batches, steps)),
+                                   optimizers=(optimizer, None) if optimizer is not None else (None, None),
+                                   callbacks=[_Watch()])
+        trainer.train()
 
 
 def trainer_builds_optimizer(scenario: Scenario) -> bool:

@@ -21,11 +21,23 @@ Schema versions: `PRAGMA user_version` is the number of migrations applied. MIGR
 takes the database from version i to i+1; to change the schema, append one function,
 never edit a released one. A database newer than this code is refused, not guessed at.
 
-Known limitations: "stale" is decided by the caller: `mark_stale_running_as_failed`
-fails every unfinished run (optionally only those created before a cutoff), so call it
-when no runner is alive (at startup), not while runs are in flight. JSON columns hold
-whatever dict the caller passes; their inner structure is the runners' contract, not
-this store's.
+Runs never stay `running` for ever: each unfinished run records its owner, the process
+that started it (runners.process_identity: host, boot, pid and start time), and every
+open of the history marks the unfinished runs whose owner is gone as `killed`, with the
+reason (the owner was killed by a signal, e.g. SIGKILL or the out-of-memory killer, or
+crashed, before it could record an outcome). Runs without an owner (recorded before
+schema version 2) are marked so once a day old; `mark_stale_running_as_failed` lets a
+caller decide sooner.
+
+Faults: every operation raises runners.history_errors.HistoryError, one line saying what
+is wrong and how to recover, for a garbage, damaged, read-only, newer-schema or deleted
+database, a database path that is a folder, or a data directory that is a file. A
+database deleted while a run goes is not silently re-created empty under it: only
+opening a RunHistory creates the file.
+
+Known limitations: JSON columns hold whatever dict the caller passes; their inner
+structure is the runners' contract, not this store's. A run owned by another host's
+process is never marked (its liveness cannot be checked from here).
 """
 
 from __future__ import annotations
@@ -38,14 +50,18 @@ import time
 import uuid
 from contextlib import closing
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable
+
+from runners.history_errors import HistoryError, translated
+from runners.process_identity import ProcessIdentity, current, is_alive
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR_ENV = "PLANNER_DATA_DIR"
 DB_FILENAME = "runs.sqlite3"
 BUSY_TIMEOUT_S = 30.0  # a writer holds the lock for one statement: milliseconds
+OWNERLESS_STALE_AFTER = timedelta(days=1)  # see mark_runs_of_dead_owners
 
 
 class RunStatus(enum.Enum):
@@ -54,8 +70,8 @@ class RunStatus(enum.Enum):
     OK = "ok"
     OOM = "oom"  # the scenario did not fit: a valid answer, not a runner failure
     TIMEOUT = "timeout"
-    KILLED = "killed"  # stopped by the user or a signal
-    FAILED = "failed"  # the runner crashed, or was found dead (see mark_stale_running_as_failed)
+    KILLED = "killed"  # stopped by the user or a signal (also: its owner found gone, mark_runs_of_dead_owners)
+    FAILED = "failed"  # the runner crashed (or an ownerless run was found stale: mark_stale_running_as_failed)
     REFUSED = "refused"  # not started: e.g. the plan exceeds the device, or the mode is unavailable
 
     @property
@@ -128,8 +144,14 @@ def _migrate_0_to_1(con: sqlite3.Connection) -> None:
     con.execute("CREATE INDEX runs_by_status ON runs (status)")
 
 
+def _migrate_1_to_2(con: sqlite3.Connection) -> None:
+    # owner: runners.process_identity token of the process that started the run; NULL
+    # for runs recorded before (their owner is unknown, see mark_stale_running_as_failed).
+    con.execute("ALTER TABLE runs ADD COLUMN owner TEXT")
+
+
 # MIGRATIONS[i] takes user_version i to i + 1, inside the caller's transaction.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_0_to_1,)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_0_to_1, _migrate_1_to_2)
 
 
 def _now() -> str:
@@ -169,33 +191,39 @@ class RunHistory:
     """The run store at `path` (default: `default_db_path()`), created and migrated on open."""
 
     def __init__(self, path: str | os.PathLike | None = None):
+        """Open (creating and migrating) the store, then mark the runs whose owner is gone.
+        Raises HistoryError (one line) for any fault of the database or its folder."""
         self.path = Path(path) if path is not None else default_db_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._open_and_migrate()
+        with translated(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._open_and_migrate()
+        self.mark_runs_of_dead_owners()
 
     # Connections: one per operation (sqlite3 objects must not cross threads, and a
     # fresh connection after fork is the only safe kind). Autocommit mode
     # (isolation_level=None): each statement is its own transaction unless we BEGIN.
-    def _connect(self) -> sqlite3.Connection:
-        con = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    # Only the opener may create the file (mode=rwc): a database deleted while in use is
+    # an error, not a new empty file without tables under a run that is still going.
+    def _connect(self, create: bool = False) -> sqlite3.Connection:
+        uri = f"{self.path.absolute().as_uri()}?mode={'rwc' if create else 'rw'}"
+        con = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         con.row_factory = sqlite3.Row
         con.execute("PRAGMA synchronous=FULL")  # per connection; why: module docstring
         return con
 
     def _open_and_migrate(self) -> None:
-        with closing(self._connect()) as con:
+        with closing(self._connect(create=True)) as con:
             self._ensure_wal(con)
-            if con.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS):
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            self._refuse_newer(version)
+            if version == len(MIGRATIONS):
                 return
             # BEGIN IMMEDIATE takes the write lock first, so two openers cannot both
             # migrate; the version is re-read under the lock.
             con.execute("BEGIN IMMEDIATE")
             try:
                 version = con.execute("PRAGMA user_version").fetchone()[0]
-                if version > len(MIGRATIONS):
-                    raise RuntimeError(f"{self.path} has schema version {version}, newer than this code "
-                                       f"({len(MIGRATIONS)}): update the planner or use another "
-                                       f"{DATA_DIR_ENV}")
+                self._refuse_newer(version)
                 for target in range(version + 1, len(MIGRATIONS) + 1):
                     MIGRATIONS[target - 1](con)
                     con.execute(f"PRAGMA user_version = {target:d}")
@@ -203,6 +231,11 @@ class RunHistory:
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
+
+    def _refuse_newer(self, version: int) -> None:
+        if version > len(MIGRATIONS):
+            raise HistoryError(f"the run history {self.path} has schema version {version}, newer than this code's "
+                               f"({len(MIGRATIONS)}): update the planner, or set {DATA_DIR_ENV} to another folder")
 
     def _ensure_wal(self, con: sqlite3.Connection) -> None:
         # journal_mode is stored in the file, so this matters once per database. The
@@ -223,12 +256,12 @@ class RunHistory:
                 delay_s = min(delay_s * 2, 0.05)
                 continue
             if mode != "wal":
-                raise RuntimeError(f"{self.path}: cannot switch to WAL journal (got {mode!r}); "
+                raise HistoryError(f"{self.path}: cannot switch to WAL journal (got {mode!r}); "
                                    f"put the data directory on a local filesystem")
             return
 
     def schema_version(self) -> int:
-        with closing(self._connect()) as con:
+        with translated(self.path), closing(self._connect()) as con:
             return con.execute("PRAGMA user_version").fetchone()[0]
 
     # --- writes: each one short autocommit statement --------------------------------------
@@ -241,11 +274,12 @@ class RunHistory:
         scenario_json = _to_json(scenario, "scenario", nullable=False)
         estimate_json = _to_json(estimate, "estimate", nullable=False)
         run_id = uuid.uuid4().hex
-        with closing(self._connect()) as con:
+        with translated(self.path), closing(self._connect()) as con:
             con.execute(
-                "INSERT INTO runs (id, created_at, status, mode, model_name, scenario_json, estimate_json) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (run_id, _now(), RunStatus.RUNNING.value, mode.value, model_name, scenario_json, estimate_json))
+                "INSERT INTO runs (id, created_at, status, mode, model_name, scenario_json, estimate_json, owner) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, _now(), RunStatus.RUNNING.value, mode.value, model_name, scenario_json, estimate_json,
+                 current().token()))
         return run_id
 
     def finish_run(self, run_id: str, status: RunStatus | str, measurement: dict | None = None,
@@ -259,7 +293,7 @@ class RunHistory:
             raise ValueError(f"reason must be a string or None, got {type(reason).__name__}")
         measurement_json = _to_json(measurement, "measurement", nullable=True)
         environment_json = _to_json(environment, "environment", nullable=True)
-        with closing(self._connect()) as con:
+        with translated(self.path), closing(self._connect()) as con:
             # The status guard makes the update atomic with its precondition: a run
             # cannot be finished twice, even by two racing processes.
             cur = con.execute(
@@ -286,13 +320,42 @@ class RunHistory:
                 raise ValueError("created_before must be timezone-aware (UTC)")
             sql += " AND created_at < ?"
             params.append(created_before.astimezone(timezone.utc).isoformat(timespec="microseconds"))
-        with closing(self._connect()) as con:
+        with translated(self.path), closing(self._connect()) as con:
             return con.execute(sql, params).rowcount
+
+    def mark_runs_of_dead_owners(self) -> int:
+        """Mark `killed`, with the reason, every unfinished run whose owner process is gone
+        (module docstring). Returns how many; runs of live or unknown owners stay as they are."""
+        with translated(self.path), closing(self._connect()) as con:
+            rows = con.execute("SELECT id, owner FROM runs WHERE status IN ('queued', 'running') "
+                               "AND owner IS NOT NULL").fetchall()
+            marked = 0
+            for row in rows:
+                owner = ProcessIdentity.from_token(row["owner"])
+                if owner is None or is_alive(owner) is not False:
+                    continue
+                reason = (f"its process (pid {owner.pid}) ended without recording an outcome: killed by a signal "
+                          "(SIGKILL, the out-of-memory killer) or crashed; marked when the run history was next "
+                          "opened")
+                # Guarded by status and owner: a run its owner finished meanwhile stays as recorded.
+                marked += con.execute(
+                    "UPDATE runs SET status = ?, finished_at = ?, reason = ? "
+                    "WHERE id = ? AND owner = ? AND status IN ('queued', 'running')",
+                    (RunStatus.KILLED.value, _now(), reason, row["id"], row["owner"])).rowcount
+            # Runs recorded before owners were (schema version 1) cannot be checked; one still
+            # unfinished a day on is past any time limit the dashboard or the CLI's default sets.
+            cutoff = (datetime.now(timezone.utc) - OWNERLESS_STALE_AFTER).isoformat(timespec="microseconds")
+            marked += con.execute(
+                "UPDATE runs SET status = ?, finished_at = ?, reason = ? "
+                "WHERE owner IS NULL AND status IN ('queued', 'running') AND created_at < ?",
+                (RunStatus.KILLED.value, _now(), "recorded before run owners were tracked and still unfinished a "
+                 "day later: its process is gone; marked when the run history was next opened", cutoff)).rowcount
+            return marked
 
     # --- reads ---------------------------------------------------------------------------
 
     def get(self, run_id: str) -> RunRecord | None:
-        with closing(self._connect()) as con:
+        with translated(self.path), closing(self._connect()) as con:
             row = con.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
         return None if row is None else _record(row)
 
@@ -315,7 +378,7 @@ class RunHistory:
                 raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
             sql += " LIMIT ?"
             params.append(limit)
-        with closing(self._connect()) as con:
+        with translated(self.path), closing(self._connect()) as con:
             return [_record(row) for row in con.execute(sql, params)]
 
     def integrity_ok(self) -> bool:
@@ -323,6 +386,6 @@ class RunHistory:
         try:
             with closing(self._connect()) as con:
                 rows = con.execute("PRAGMA integrity_check").fetchall()
-        except sqlite3.DatabaseError:
+        except (sqlite3.DatabaseError, OSError):
             return False
         return [tuple(r) for r in rows] == [("ok",)]

@@ -17,6 +17,11 @@ A terminal's Ctrl-C does not reach the child's group; if the caller is interrupt
 (KeyboardInterrupt, or an exception from its own `on_progress`), the group is killed and
 reaped before the exception propagates.
 
+The child dies with this process even when this one is SIGKILLed and cannot clean up
+(runners.parent_death: it is told this pid and asks the kernel for SIGKILL when its parent
+goes), runs under `memory_limit_bytes` (runners.memory_limit), and gets a private
+TMPDIR (runners.scratch) removed after the run: a run leaves no temporary files.
+
 Known limitations: a process that moves itself into another session escapes the group
 kill. The group is signalled while its leader is not yet reaped, so its id cannot have
 been reused by then.
@@ -36,7 +41,10 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
+from runners.memory_limit import env_with_limit
+from runners.parent_death import PARENT_PID_ENV
 from runners.request import VerifyRequest
+from runners.scratch import env_with_tmpdir, scratch_dir
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 STDERR_TAIL_LINES = 20  # kept in the result, for the reason and for debugging
@@ -59,11 +67,12 @@ def _child_command() -> list[str]:
     return [sys.executable, "-m", "runners.child"]
 
 
-def _child_env() -> dict:
+def _child_env(scratch: Path, memory_limit_bytes: int | None) -> dict:
     env = dict(os.environ)
     paths = [str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env["PYTHONPATH"] = os.pathsep.join(paths)
-    return env
+    env[PARENT_PID_ENV] = str(os.getpid())
+    return env_with_limit(env_with_tmpdir(env, scratch), memory_limit_bytes)
 
 
 def _read_events(stream, events: queue.Queue) -> None:
@@ -150,22 +159,28 @@ def _result(request: VerifyRequest, status: str, reason: str) -> dict:
 def run_in_child(request: VerifyRequest, timeout_s: float,
                  on_progress: Callable[[dict], None] | None = None, *,
                  on_start: Callable[[int], None] | None = None,
-                 cancel: threading.Event | None = None) -> dict:
+                 cancel: threading.Event | None = None, memory_limit_bytes: int | None = None) -> dict:
     """Run `request` in a fresh child process; progress events go to `on_progress` (in
     this thread) as they arrive. `on_start(pid)` is called once the child exists (its
     pid is also its process group id). Setting `cancel` stops the run: status "killed".
+    `memory_limit_bytes`: the child's limit (runners.memory_limit); None: none.
 
     Returns the child's result (status, mode, engine, measured, environment, reason,
     oom_requested_bytes) plus "child": {pid, returncode, wall_s, stderr_tail}.
     """
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+    with scratch_dir("run") as scratch:
+        return _run(request, timeout_s, on_progress, on_start, cancel, _child_env(scratch, memory_limit_bytes))
+
+
+def _run(request: VerifyRequest, timeout_s: float, on_progress, on_start, cancel, env: dict) -> dict:
     started = time.monotonic()
     deadline = started + timeout_s
     try:
         proc = subprocess.Popen(_child_command(), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=PROJECT_ROOT,
-                                env=_child_env(), start_new_session=True)
+                                env=env, start_new_session=True)
     except OSError as error:
         return {**_result(request, "failed", f"could not start the run process: {error}"), "child": None}
 

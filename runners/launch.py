@@ -21,6 +21,16 @@ process whose command line holds this run's private temp dir (torchrun and each 
 carry the JOB.json path in their argv), then torchrun's own group, and reaps torchrun.
 A rank's own children share its group, so they go with it.
 
+When this process is SIGKILLed and cannot clean up, the kernel does it: torchrun is
+started through runners.parent_death (SIGKILL when this process dies) and each rank asks
+the same of torchrun, so the whole run dies with its starter. The private temp dir is a
+runners.scratch folder, also every process's TMPDIR (torch elastic's logs land in it): it
+is removed after the run, and a SIGKILLed starter's is swept by the next run.
+
+Each CPU rank runs under a memory limit (runners.memory_limit) from the planner's
+per-device peak with the one-process safety margin and the free RAM shared by N; a rank
+whose allocation fails under it makes the run "oom", "over the run's memory limit".
+
 Known limitations: a process that moves itself into another session and drops the job
 path from its argv escapes the clean-up. The RAM pre-flight check is N times the
 planner's per-device peak (planner.parallel) with the one-process safety margin.
@@ -34,11 +44,8 @@ import json
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -49,8 +56,16 @@ from planner.scenario import Device
 from planner.strategy import ParallelPlan, Strategy
 from planner.units import format_bytes
 from runners.isolation import exited, read_tail
+from runners.memory_limit import (
+    ALLOCATION_FAILURES,
+    env_with_limit,
+    memory_limit_for,
+    over_limit_reason,
+)
+from runners.parent_death import PARENT_PID_ENV, wrapper_command
 from runners.rank_worker import VERIFIED_STRATEGIES
 from runners.request import Mode, VerifyRequest
+from runners.scratch import env_with_tmpdir, scratch_dir
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TAIL_LINES = 400  # stderr + stdout lines read for the reason (a rank's traceback precedes torchrun's own)
@@ -71,6 +86,7 @@ class DistributedPlan:
     strategy: Strategy
     num_processes: int
     refusal: str | None  # why the run must not start; None when it may
+    memory_limit_bytes: int | None = None  # each CPU rank's (runners.memory_limit); None: none
 
 
 def _cuda_device_count() -> int:
@@ -86,23 +102,23 @@ def _with_mode(request: VerifyRequest, mode: Mode) -> VerifyRequest:
     return dataclasses.replace(request, mode=mode, scenario={**request.scenario, "device": device.value})
 
 
-def _ram_refusal(request: VerifyRequest, parallel: ParallelPlan) -> str | None:
+def _ram_check(request: VerifyRequest, parallel: ParallelPlan) -> tuple[str | None, int | None]:
+    """(why N CPU ranks do not fit in free RAM or None, each rank's memory limit or None)."""
     from planner.loading import model_shape_for_config
     from planner.parallel import parallel_estimate
     from runners.verify import available_ram_bytes, ram_needed_for_peak
 
     available = available_ram_bytes()
-    if available is None:  # not Linux: the user asked for cpu, as in a one-process run
-        return None
     scenario = request.parsed_scenario()
     shape = model_shape_for_config(request.config, scenario.task, scenario.num_labels, request.model_name)
-    per_process = parallel_estimate(shape, scenario, parallel).per_device_peak_bytes
-    needed = parallel.num_devices * ram_needed_for_peak(per_process)
-    if needed <= available:
-        return None
+    per_process = ram_needed_for_peak(parallel_estimate(shape, scenario, parallel).per_device_peak_bytes)
+    limit = memory_limit_for("cpu", per_process, None if available is None else available // parallel.num_devices)
+    needed = parallel.num_devices * per_process
+    if available is None or needed <= available:  # unknown (not Linux): the user asked for cpu
+        return None, limit
     return (f"{parallel.num_devices} CPU processes need about {format_bytes(needed)} of RAM (the planner's "
             f"per-device peak plus a safety margin, per process) but only {format_bytes(available)} is "
-            "available: use fewer processes or a smaller scenario")
+            "available: use fewer processes or a smaller scenario"), limit
 
 
 def plan_distributed(request: VerifyRequest, strategy: Strategy, num_processes: int, *,
@@ -118,8 +134,8 @@ def plan_distributed(request: VerifyRequest, strategy: Strategy, num_processes: 
         mode = Mode.CUDA if counted and cuda_devices >= max(num_processes, 1) else Mode.CPU
     planned = _with_mode(request, mode)
 
-    def answer(refusal: str | None) -> DistributedPlan:
-        return DistributedPlan(planned, strategy, num_processes, refusal)
+    def answer(refusal: str | None, memory_limit_bytes: int | None = None) -> DistributedPlan:
+        return DistributedPlan(planned, strategy, num_processes, refusal, memory_limit_bytes)
 
     if not counted or num_processes < 2:
         return answer(ONE_PROCESS_REFUSAL)
@@ -140,22 +156,25 @@ def plan_distributed(request: VerifyRequest, strategy: Strategy, num_processes: 
             return answer(f"{num_processes} CPU processes on {cores} CPU cores is too many (at most "
                           f"{MAX_PROCESSES_PER_CPU * cores}): use fewer processes")
         if check_ram:
-            return answer(_ram_refusal(planned, parallel))
+            return answer(*_ram_check(planned, parallel))
     return answer(None)
 
 
 # --- processes ---------------------------------------------------------------------------
 
 def _torchrun_command(num_processes: int, job: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(num_processes),
-            "--max_restarts", "0", "-m", "runners.rank_worker", str(job), str(out)]
+    return wrapper_command(os.getpid(), [
+        "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(num_processes),
+        "--max_restarts", "0", "-m", "runners.rank_worker", str(job), str(out)])
 
 
-def _env() -> dict:
-    env = dict(os.environ)
+def _env(workdir: Path, memory_limit_bytes: int | None) -> dict:
+    """The environment of torchrun and (inherited) every rank: its TMPDIR the run's scratch
+    folder, each rank's memory limit (a rank applies it to itself; torchrun does not)."""
+    env = {k: v for k, v in os.environ.items() if k != PARENT_PID_ENV}  # a rank's parent is torchrun
     env.setdefault("OMP_NUM_THREADS", "1")  # N ranks share the cores; torchrun would say the same
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
+    return env_with_limit(env_with_tmpdir(env, workdir), memory_limit_bytes)
 
 
 def _read_stdout(stream, events: queue.Queue, tail: deque) -> None:
@@ -272,8 +291,19 @@ def _where(progress: dict | None) -> str:
     return f"after '{progress.get('stage', '?')}'"
 
 
-def _failure(returncode: int, tail: list[str], progress: dict | None) -> tuple[str, str]:
-    """(status, one-line reason) for a torchrun that exited with `returncode` != 0."""
+def _failure(returncode: int, tail: list[str], progress: dict | None,
+             memory_limit_bytes: int | None = None) -> tuple[str, str]:
+    """(status, one-line reason) for a torchrun that exited with `returncode` != 0; a rank
+    whose allocation failed under its memory limit makes it "oom" (runners.memory_limit)."""
+    status, reason = _torchrun_failure(returncode, tail, progress)
+    error = _rank_error(tail, parse_torchrun_failure(tail)[0])
+    if memory_limit_bytes is not None and status == "failed" and error is not None \
+            and any(text in error for text in ALLOCATION_FAILURES + ("MemoryError",)):
+        return "oom", over_limit_reason(memory_limit_bytes, reason)
+    return status, reason
+
+
+def _torchrun_failure(returncode: int, tail: list[str], progress: dict | None) -> tuple[str, str]:
     rank, code = parse_torchrun_failure(tail)
     where = _where(progress)
     if rank is None or code is None:
@@ -338,13 +368,10 @@ def run_planned(plan: DistributedPlan, timeout_s: float, on_progress: Callable[[
         return _base(plan, "refused", plan.refusal)
     started = time.monotonic()
     deadline = started + timeout_s
-    workdir = Path(tempfile.mkdtemp(prefix="planner-launch-"))
-    job, out = workdir / "job.json", workdir / "out"
-    try:
+    with scratch_dir("launch") as workdir:
+        job, out = workdir / "job.json", workdir / "out"
         write_job(plan.request, plan.strategy, job)
         return _launch(plan, job, out, started, deadline, timeout_s, on_progress, cancel)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def write_job(request: VerifyRequest, strategy: Strategy, path: Path) -> Path:
@@ -357,8 +384,8 @@ def _launch(plan: DistributedPlan, job: Path, out: Path, started: float, deadlin
             on_progress, cancel) -> dict:
     try:
         proc = subprocess.Popen(_torchrun_command(plan.num_processes, job, out), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=PROJECT_ROOT, env=_env(),
-                                start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=PROJECT_ROOT,
+                                env=_env(job.parent, plan.memory_limit_bytes), start_new_session=True)
     except OSError as error:
         return _base(plan, "failed", f"could not start torchrun: {error}")
     events: queue.Queue = queue.Queue()
@@ -420,7 +447,7 @@ def _launch(plan: DistributedPlan, job: Path, out: Path, started: float, deadlin
         result.update(status=stopped[0], reason=stopped[1])
         return result
     if proc.returncode != 0:
-        status, reason = _failure(proc.returncode, list(tail), last_progress)
+        status, reason = _failure(proc.returncode, list(tail), last_progress, plan.memory_limit_bytes)
         result.update(status=status, reason=reason)
         return result
     ranks, missing = _read_ranks(out, plan.num_processes)

@@ -61,10 +61,10 @@ class MemTrackerProbe:
         self.result: StepMeasurement | None = None
 
     def track(self, model: torch.nn.Module, optimizer) -> None:
-        from torch.distributed._tools.mem_tracker import MemTracker
+        from planner.probe.memtracker import TrainableMemTracker
 
         self._optimizer = optimizer
-        self._tracker = MemTracker()
+        self._tracker = TrainableMemTracker()
         self._tracker.track_external(model, optimizer)
         self._tracker.__enter__()
 

@@ -210,4 +210,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from runners.memory_limit import apply_from_env
+    from runners.parent_death import die_with_parent
+
+    die_with_parent()  # its launcher (torchrun) dead, SIGKILLed: this rank goes too
+    apply_from_env()  # the run's per-rank memory limit (runners.launch), if it has one
     raise SystemExit(main())

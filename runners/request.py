@@ -28,7 +28,8 @@ SIMULATE_NEEDS_ACCELERATE = ("simulate mode runs the Accelerate loop only (the T
                              "fake tensors do not have): use --engine accelerate, or --mode cpu/cuda for the Trainer")
 
 # Faults a test can ask the child to stage, so every failure path runs for real.
-INJECTABLE_FAULTS = ("hang", "sigkill-self", "import-error", "raise", "cuda-oom")
+MAX_SEED = 2**32 - 1  # numpy's seed range, the narrowest of the generators a run seeds
+INJECTABLE_FAULTS = ("hang", "sigkill-self", "import-error", "raise", "cuda-oom", "hog-memory")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class VerifyRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or isinstance(self.steps, bool) or not 2 <= self.steps <= 1000:
             raise PlannerInputError(f"steps must be an integer from 2 to 1000 (step 1 creates the optimizer state), got {self.steps!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise PlannerInputError(f"seed must be an integer from 0 to {MAX_SEED:,}, got {self.seed!r}")
         if self.local_sgd_steps is not None and (not isinstance(self.local_sgd_steps, int) or self.local_sgd_steps < 1):
             raise PlannerInputError(f"local SGD steps must be a positive integer, got {self.local_sgd_steps!r}")
         if self.inject_fault is not None and self.inject_fault not in INJECTABLE_FAULTS:

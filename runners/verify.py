@@ -17,7 +17,14 @@ dashboard call.
    is interrupted);
 5. runs the request in a child process (runners.isolation) and answers one dict:
    run_id, status, mode, engine, measured, estimated (Estimate.to_json()), errors_pct,
-   environment, reason, oom_requested_bytes, child.
+   environment, reason, oom_requested_bytes, child, unrecorded, memory_limit_bytes (the
+   child's limit, runners.memory_limit: from this estimate and the free RAM; None for cuda).
+
+`unrecorded` is None once the outcome is in the history. When the history cannot store it
+(its database deleted, replaced or damaged during the run) the outcome is kept in a file
+beside the database (runners.unrecorded) and `unrecorded` says why and where:
+{"error", "kept_in"}. A history that cannot be opened at all is a HistoryError before
+anything runs.
 
 "Fits in RAM" (`cpu_ram_needed_bytes`): the planner's CPU peak (models are built
 directly in their training dtype, so the build never exceeds it), times 1.25 for allocator fragmentation and estimate error,
@@ -49,7 +56,9 @@ from planner.scenario import Device
 from planner.units import GIB, format_bytes
 from runners.history import RunHistory, RunMode, RunStatus
 from runners.isolation import run_in_child
+from runners.memory_limit import memory_limit_for
 from runners.request import SIMULATE_NEEDS_ACCELERATE, Engine, Mode, VerifyRequest
+from runners.unrecorded import finish_or_keep
 
 DEFAULT_TIMEOUT_S = 600.0
 RAM_SAFETY_FACTOR = 1.25  # allocator fragmentation and the estimate's own error
@@ -200,33 +209,44 @@ def verify(request: VerifyRequest, timeout_s: float = DEFAULT_TIMEOUT_S,
     """Plan, record, run in a child, record the outcome; see the module docstring.
 
     `history=None` uses the default store (RunHistory(): $PLANNER_DATA_DIR or ./data).
-    Never raises for what the run does; raises PlannerInputError for bad input (nothing
-    is recorded then), and re-raises the caller's own interruption after recording it.
+    Never raises for what the run does; raises PlannerInputError for bad input and
+    HistoryError for a history that cannot be opened (nothing is recorded or run then),
+    and re-raises the caller's own interruption after recording it.
     """
+    history = history if history is not None else RunHistory()  # a database fault stops us before any work
     plan = plan_run(request)
-    history = history if history is not None else RunHistory()
     estimated = plan.estimate.to_json()
     run_mode = RunMode(plan.request.mode.value)
-    run_id = history.start_run(request.model_name, run_mode, _scenario_record(plan, request), estimated)
+    scenario_record = _scenario_record(plan, request)
+    run_id = history.start_run(request.model_name, run_mode, scenario_record, estimated)
+    started = {"model_name": request.model_name, "mode": run_mode.value, "scenario": scenario_record,
+               "estimate": estimated}
     base = {"run_id": run_id, "mode": plan.request.mode.value, "engine": plan.request.engine.value,
             "measured": None, "estimated": estimated, "errors_pct": None, "environment": None,
-            "oom_requested_bytes": None, "child": None}
+            "oom_requested_bytes": None, "child": None, "memory_limit_bytes": None}
     if plan.refusal is not None:
-        history.finish_run(run_id, RunStatus.REFUSED, reason=plan.refusal)
-        return {**base, "status": RunStatus.REFUSED.value, "reason": plan.refusal}
+        unrecorded = finish_or_keep(history, run_id, RunStatus.REFUSED, started, reason=plan.refusal)
+        return {**base, "status": RunStatus.REFUSED.value, "reason": plan.refusal, "unrecorded": unrecorded}
+    needed = cpu_ram_needed_bytes(plan.estimate) if plan.request.mode is Mode.CPU else None
+    limit = memory_limit_for(plan.request.mode.value, needed, available_ram_bytes())
+    base["memory_limit_bytes"] = limit
     try:
-        outcome = run_in_child(plan.request, timeout_s, on_progress, on_start=on_start, cancel=cancel)
+        outcome = run_in_child(plan.request, timeout_s, on_progress, on_start=on_start, cancel=cancel,
+                               memory_limit_bytes=limit)
     except BaseException as error:
         status = RunStatus.FAILED if isinstance(error, Exception) else RunStatus.KILLED
-        history.finish_run(run_id, status, reason=f"the caller stopped: {type(error).__name__}: {error}"[:500])
+        finish_or_keep(history, run_id, status, started,
+                       reason=f"the caller stopped: {type(error).__name__}: {error}"[:500])
         raise
     answer = {**base, **{k: outcome.get(k) for k in ("status", "measured", "environment", "reason",
                                                       "oom_requested_bytes", "child")}}
     answer["errors_pct"] = errors_pct(estimated, answer["measured"]) if answer["status"] == "ok" else None
     try:
-        history.finish_run(run_id, answer["status"], measurement=_measurement_record(answer),
-                           environment=answer["environment"], reason=answer["reason"])
+        answer["unrecorded"] = finish_or_keep(history, run_id, answer["status"], started,
+                                              measurement=_measurement_record(answer),
+                                              environment=answer["environment"], reason=answer["reason"])
     except ValueError as error:  # a measurement the store cannot hold (not JSON, NaN): still record the run
         answer.update(status=RunStatus.FAILED.value, reason=f"the result could not be stored: {error}")
-        history.finish_run(run_id, RunStatus.FAILED, environment=None, reason=answer["reason"][:500])
+        answer["unrecorded"] = finish_or_keep(history, run_id, RunStatus.FAILED, started,
+                                              reason=answer["reason"][:500])
     return answer

@@ -12,6 +12,7 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
+from app_pages.escaping import markdown_text
 from app_pages.inputs import DEFAULTS, GPU_PRESETS
 from planner.catalog import CATALOG_DIR
 from planner.config_source import config_from_bytes
@@ -191,7 +192,7 @@ def test_bad_upload_shows_its_one_line_error_and_the_page_recovers(data):
         model_shape_for_config(config, Task.SEQUENCE_CLASSIFICATION, 2, "config.json")
     at = upload(run_app(), data)
     assert not at.exception
-    assert [e.value for e in at.error] == [str(raised.value)]
+    assert [e.value for e in at.error] == [markdown_text(raised.value)]  # shown as text (app_pages.escaping)
     assert "\n" not in str(raised.value)
     good = (CATALOG_DIR / DEFAULTS["catalog_model"]).with_suffix(".json").read_bytes()
     at = upload(at, good)

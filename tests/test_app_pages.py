@@ -15,8 +15,9 @@ from streamlit.testing.v1 import AppTest
 
 from app_pages import run_queue
 from app_pages.comparison import TECHNIQUES, compare_techniques
+from app_pages.escaping import markdown_text
 from planner.fit import fit_limits
-from app_pages.inputs import DEFAULTS, GPU_PRESETS
+from app_pages.inputs import CUSTOM_GPU, DEFAULTS, GPU_PRESETS
 from app_pages.verify_results import measured_device, plan_request
 from planner.catalog import CATALOG_DIR
 from planner.config_source import config_from_bytes
@@ -135,7 +136,7 @@ def test_bad_upload_shows_an_error_and_the_page_recovers(page):
         model_shape_for_config(config_from_bytes(data, "config.json"), Task.SEQUENCE_CLASSIFICATION, 2, "c")
     at = upload(app(page), data)
     assert not at.exception
-    assert [e.value for e in at.error] == [str(raised.value)]
+    assert [e.value for e in at.error] == [markdown_text(raised.value)]  # shown as text (app_pages.escaping)
     good = (CATALOG_DIR / "opt-125m.json").read_bytes()
     at = upload(at, good)
     assert not at.exception and not at.error
@@ -326,3 +327,43 @@ def test_verify_cancels_a_waiting_run():
     states = [v.job.state for v in queue.jobs(at.session_state["verify_session_id"])]
     assert states == ["done", "cancelled"]
     assert any("cancelled" in w.value for w in at.warning)
+
+
+@pytest.mark.parametrize("query", [{"batch_size": "²"}, {"seq_len": "9" * 5000}, {"batch_size": str(10**20)},
+                                   {"gpu_preset": CUSTOM_GPU, "gpu_custom_gib": "1e308"}],
+                         ids=["superscript two", "5000-digit seq_len", "batch 10^20", "1e308 GiB"])
+def test_a_hostile_link_keeps_the_defaults_and_says_why(query):
+    """Issue 15 item 4: each gave a traceback with server paths; now the page renders with
+    the widget's default and one warning naming the dropped key."""
+    at = app(query=query)
+    key = next(k for k in query if k != "gpu_preset")
+    assert at.number_input(key=key).value == DEFAULTS[key]
+    assert [w.value for w in at.warning if key in w.value and "kept their defaults" in w.value]
+    shown = " ".join(str(e.value) for e in [*at.error, *at.warning, *at.markdown, *at.caption])
+    assert "Traceback" not in shown and str(APP.parent) not in shown
+    assert metric(at, "Peak")  # the plan itself still renders
+
+
+@pytest.mark.parametrize("config", [
+    {"model_type": "t5", "num_layers": 100_000, "d_model": 64, "num_heads": 2},
+    {"model_type": "bart", "encoder_layers": 100_000, "d_model": 64},
+    {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 3, "intermediate_size": 128},
+    {"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2},
+], ids=["t5 100,000 layers", "bart 100,000 encoder layers", "kv heads 3 of 4", "mamba"])
+def test_an_upload_beyond_any_model_or_outside_the_planner_is_one_error(config):
+    """Issue 15 items 1 and 2 on the page: the T5 upload grew the server to 6.3 GB; the others
+    raised outside PlannerInputError. Now each is refused before anything is built."""
+    at = upload(app(), json.dumps(config).encode())
+    assert not at.exception
+    assert len(at.error) == 1 and "\n" not in at.error[0].value
+    assert any(markdown_text(word) in at.error[0].value  # shown as text (app_pages.escaping)
+               for word in ("beyond any real model", "num_key_value_heads", "no num_attention_heads"))
+
+
+def test_an_error_quotes_at_most_500_characters_of_what_it_refuses():
+    """Issue 15 item 8: a field of hundreds of KB came back whole in its error."""
+    config = {**json.loads((CONFIGS / "tiny-gpt2.json").read_text()), "model_type": "m" * 300_000}
+    at = upload(app(), json.dumps(config).encode())
+    assert not at.exception
+    assert len(at.error) == 1 and "architecture 'mmm" in at.error[0].value and len(at.error[0].value) <= 500

@@ -1,5 +1,7 @@
-"""Bad input, tried systematically (hypothesis): config files, scenario values, `planner batch`
-lines and `planner estimate` flags. Every input gets either a valid estimate or a
+"""Bad input, tried systematically (hypothesis): config files, configs built from each
+architecture's own keys with hostile values, scenario values, `planner batch` lines (the
+issue-15 reproductions among them), `planner estimate` and `fit` flags, `runners` flags and
+dashboard links. Every input gets either a valid estimate or a
 PlannerInputError (CLI: one line on stderr, exit status 2; batch: one JSON line per input
 line, `{"error": "..."}` for a bad one) and never another exception or a hang.
 
@@ -24,7 +26,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app_pages.inputs import DEFAULTS as SIDEBAR_DEFAULTS
 from planner import cli
+from planner.batch import MAX_ERROR_CHARS
 from planner.config_source import MAX_CONFIG_BYTES, config_from_bytes
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate
@@ -61,6 +65,13 @@ def no_hang(seconds: float = HANG_S):
 def one_line_error(error: PlannerInputError) -> None:
     text = str(error)
     assert text and "\n" not in text and "Traceback" not in text, text
+
+
+def strict_json(line: str):
+    """json.loads, refusing NaN and Infinity as a strict JSON reader does."""
+    def refuse(name):
+        raise AssertionError(f"{name} in the output is not JSON: {line[:200]}")
+    return json.loads(line, parse_constant=refuse)
 
 
 def check_estimate(result: Estimate) -> None:
@@ -200,7 +211,28 @@ def test_scenario_values_estimate_or_one_line_error(values, config):
 
 # --- planner batch and estimate ---------------------------------------------------------------
 
+# The issue-15 reproductions as config files beside the batch file (written by the test).
+ISSUE_CONFIGS = {
+    "t5-deep.json": {"model_type": "t5", "num_layers": 100_000, "d_model": 64, "num_heads": 2},
+    "bart-deep.json": {"model_type": "bart", "encoder_layers": 100_000, "d_model": 64},
+    "gpt2-positions.json": {"model_type": "gpt2", "n_positions": 10**12, "n_embd": 64, "n_head": 2, "n_layer": 2},
+    "t5-wide.json": {"model_type": "t5", "d_ff": 10**12, "d_model": 64, "num_heads": 2, "num_layers": 2},
+    "kv-heads.json": {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 3,
+                      "num_hidden_layers": 2, "intermediate_size": 128},
+    "mamba.json": {"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2},
+    "rwkv.json": {"model_type": "rwkv", "hidden_size": 64, "num_hidden_layers": 2},
+    "rotary.json": {**tiny_config("tiny-llama"), "partial_rotary_factor": "abc"},
+    "dropout.json": {**tiny_config("tiny-gpt2"), "resid_pdrop": 5.0},
+}
+ISSUE_LINES = [json.dumps({"config": name, "task": "causal-lm", "batch_size": 1, "seq_len": 8})
+               for name in ISSUE_CONFIGS] + [
+    '{"id": NaN, "config": "gpt2", "task": "causal-lm", "batch_size": 1, "seq_len": 8}',
+    json.dumps({"config": "x" * 300_000, "task": "causal-lm", "batch_size": 1, "seq_len": 8}),
+    json.dumps({"id": "i" * 10_000, "config": "gpt2", "task": "causal-lm", "batch_size": 1, "seq_len": 8}),
+]
+
 batch_lines = st.one_of(
+    st.sampled_from(ISSUE_LINES),
     st.text(max_size=80).filter(lambda t: "\n" not in t and "\r" not in t),
     json_values.map(json.dumps),
     scenario_values.map(lambda v: json.dumps({**v, "config": "gpt2"}, allow_nan=True)),
@@ -215,6 +247,8 @@ batch_lines = st.one_of(
 @given(lines=st.lists(batch_lines, min_size=1, max_size=6))
 def test_batch_lines_each_get_one_json_answer(lines, tmp_path, capsys):
     TRIED["batch lines"] += len(lines)
+    for name, config in ISSUE_CONFIGS.items():
+        (tmp_path / name).write_text(json.dumps(config), encoding="utf-8")
     path = tmp_path / "fuzz.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
     capsys.readouterr()
@@ -224,9 +258,9 @@ def test_batch_lines_each_get_one_json_answer(lines, tmp_path, capsys):
     assert status == 0
     kept = [line for line in path.read_text(encoding="utf-8", errors="replace").split("\n") if line.strip()]
     assert len(out) == len(kept)
-    for answer in map(json.loads, out):
+    for answer in map(strict_json, out):
         if "error" in answer:
-            assert answer["error"] and "\n" not in answer["error"]
+            assert answer["error"] and "\n" not in answer["error"] and len(answer["error"]) <= MAX_ERROR_CHARS
         else:
             assert isinstance(answer["peak_bytes"], int) and answer["peak_bytes"] > 0
 
@@ -266,3 +300,132 @@ def test_real_process_exit_status_2_one_line(argv):
                           cwd=CONFIGS.parents[1])
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("planner: error: "), done.stderr
+
+
+# --- configs from each architecture's own keys (issue 15) ----------------------------------------
+
+# Families the planner plans, and two it refuses (no attention heads): their config classes'
+# own fields are the keys mutated, so a size under any architecture's name is tried.
+ARCHITECTURES = ("gpt2", "llama", "t5", "bart", "bert", "mixtral", "qwen2_moe", "gpt_neox", "opt", "phi",
+                 "distilbert", "mamba", "rwkv")
+hostile_values = st.sampled_from([1, 8, 0.1, 0, -1, 3, 100_000, 10**12, 2**63, 10**30, 1.5, 5.0, -0.1, math.nan, math.inf,
+                                  1e308, "abc", "", None, True, [], {}, [10**12], {"a": 10**12}])
+
+
+def architecture_base(model_type: str) -> dict:
+    """The config class's own defaults, every layer count cut to 2 and every other size to
+    the largest power of two up to 64 (heads keep dividing widths; vocabularies and token ids
+    are kept, as ids must stay inside the vocabulary; per-layer lists dropped), so a build
+    takes milliseconds on the meta device."""
+    from transformers import AutoConfig
+
+    from planner.build_guard import _LAYER_COUNT, _NOT_A_SIZE
+
+    base = {}
+    for key, value in AutoConfig.for_model(model_type).to_dict().items():
+        if isinstance(value, (dict, list)) or key in ("architectures", "dtype"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or _NOT_A_SIZE.search(key) \
+                or "vocab" in key:
+            base[key] = value
+        else:
+            base[key] = min(value, 2) if _LAYER_COUNT.search(key) else 1 << (min(value, 64).bit_length() - 1)
+    return base
+
+
+@st.composite
+def architecture_configs(draw) -> dict:
+    model_type = draw(st.sampled_from(ARCHITECTURES))
+    config = architecture_base(model_type)
+    keys = sorted(k for k, v in config.items() if isinstance(v, (int, float)) and k != "model_type")
+    for key in draw(st.lists(st.sampled_from(keys), min_size=1, max_size=3, unique=True)):
+        config[key] = draw(hostile_values)
+    return {**config, "model_type": model_type}
+
+
+@settings(max_examples=40, deadline=timedelta(seconds=20), derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(config=architecture_configs(), task=st.sampled_from(list(Task)))
+def test_architecture_keys_with_hostile_values_build_or_refuse_in_one_line(config, task):
+    TRIED["architecture configs built"] += 1
+    with no_hang(10):  # issue 15: any config answered or refused within 10 s
+        try:
+            shape = model_shape_for_config(json.loads(json.dumps(config)), task, 2, "fuzzed")
+        except PlannerInputError as error:
+            one_line_error(error)
+            return
+    assert 0 < shape.num_parameters <= 10**13 and shape.num_layers <= 512
+
+
+# --- dashboard links ------------------------------------------------------------------------------
+
+link_values = st.one_of(st.sampled_from(["²", "٣", "9" * 5000, "1e308", "1e-308", "nan", "inf", "-0", "10^20",
+                                         str(10**20), "0x10", " 8 ", "+8", "", "true"]),
+                        st.text(max_size=30), st.integers().map(str), st.floats().map(str))
+
+
+@FAST
+@given(params=st.dictionaries(st.one_of(st.sampled_from(sorted(SIDEBAR_DEFAULTS)),
+                                        st.text(max_size=8)),
+                              st.one_of(link_values, st.lists(link_values, max_size=3)), max_size=8))
+def test_link_values_parse_within_bounds_or_are_named_as_dropped(params):
+    from app_pages.inputs import MAXIMA
+    from app_pages.query_state import decode_with_rejects
+
+    TRIED["dashboard links"] += 1
+    values, rejected = decode_with_rejects(params)
+    assert set(values).isdisjoint(rejected) and set(values) | set(rejected) <= set(SIDEBAR_DEFAULTS)
+    for key, value in values.items():
+        assert type(value) is type(SIDEBAR_DEFAULTS[key]), (key, value)
+        if key in MAXIMA:
+            assert 0 < value <= MAXIMA[key], (key, value)
+
+
+# --- fit and runners command lines ----------------------------------------------------------------
+
+number_flags = st.one_of(st.sampled_from(["0", "-1", "1", "24", "1e300", "1e-300", "nan", "inf", "²", str(10**12),
+                                          str(10**30), "9" * 5000, "0.5", ""]), st.text(max_size=6))
+
+
+@settings(max_examples=60, deadline=timedelta(seconds=10), derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(gib=number_flags, batch=number_flags, seq=number_flags, utilisation=number_flags,
+       target=st.sampled_from(["--effective-batch", "--batch-size"]))
+def test_fit_flags_give_a_ranking_or_one_line_exit_2(gib, batch, seq, utilisation, target, capsys):
+    TRIED["fit command lines"] += 1
+    capsys.readouterr()
+    with no_hang():
+        status = cli.main(["fit", "--config", str(CONFIGS / "tiny-gpt2.json"), "--gpu-memory-gib", gib, target, batch,
+                           "--seq-len", seq, "--utilisation", utilisation, "--json"])
+    out, err = capsys.readouterr()
+    if status == 0:
+        assert isinstance(json.loads(out), list) and not err
+    else:
+        assert status == cli.EXIT_BAD_INPUT and err.startswith("planner: error: ") and err.count("\n") == 1, err
+
+
+@settings(max_examples=30, deadline=timedelta(seconds=10), derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(limit=number_flags, seed=number_flags)
+def test_runners_flags_list_or_refuse_in_one_line(limit, seed, capsys, tmp_path, monkeypatch):
+    """`history --limit` and `verify --seed`: a seed that passes reaches the run as given
+    (the run itself is stood in for: only what is refused before it starts is tested)."""
+    import runners.verify
+    from runners.cli import main as runners_main
+
+    monkeypatch.setenv("PLANNER_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setattr(runners.verify, "verify",
+                        lambda request, timeout_s, on_progress: {"status": "ok", "seed": request.seed})
+    TRIED["runners command lines"] += 2
+    capsys.readouterr()
+    for argv in (["history", "--limit", limit, "--json"],
+                 ["verify", "--config", str(CONFIGS / "tiny-gpt2.json"), "--task", "causal-lm", "--batch-size", "1",
+                  "--seq-len", "8", "--seed", seed, "--json"]):
+        with no_hang():
+            status = runners_main(argv)
+        out, err = capsys.readouterr()
+        if status == 0:
+            answer = json.loads(out.splitlines()[-1])
+            assert isinstance(answer, list) or 0 <= answer["seed"] < 2**32, answer
+        else:
+            assert status == 2 and err.startswith("runners: error: ") and err.count("\n") == 1, err

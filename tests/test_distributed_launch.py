@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from conftest import CONFIGS, tiny_config
 from planner.strategy import Strategy
-from runners import launch
+from runners import launch, scratch
 from runners.history import RunHistory
 from runners.launch import processes_holding, run_distributed
 from runners.request import Mode, VerifyRequest
@@ -30,17 +31,26 @@ def request(mode: Mode = Mode.CPU, fault: str | None = None, steps: int = 4) -> 
 
 
 @pytest.fixture
-def launched(monkeypatch) -> list[str]:
-    """The private temp dir of every run started (every process of a run carries it in its argv)."""
+def launched(monkeypatch, tmp_path) -> list[str]:
+    """The private temp dir of every run started (every process of a run carries it in its argv).
+    The system temp dir is a fresh folder for the test, empty again once the run is over."""
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private_tmp))  # torchrun and the ranks inherit it
+    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
     dirs: list[str] = []
-    real_mkdtemp = launch.tempfile.mkdtemp
+    real_mkdtemp = scratch.tempfile.mkdtemp
 
     def recording_mkdtemp(*args, **kwargs):
         dirs.append(real_mkdtemp(*args, **kwargs))
         return dirs[-1]
 
-    monkeypatch.setattr(launch.tempfile, "mkdtemp", recording_mkdtemp)
-    return dirs
+    monkeypatch.setattr(scratch.tempfile, "mkdtemp", recording_mkdtemp)
+    yield dirs
+    # torch elastic writes its logs under TMPDIR (torchelastic_*): a run must take them along.
+    # torchinductor_<user> is torch's compile cache, made by this test process's own torch.
+    left = [name for name in os.listdir(private_tmp) if not name.startswith("torchinductor_")]
+    assert left == [], "the run left temporary files behind"
 
 
 def assert_nothing_left(dirs: list[str]) -> None:
@@ -101,6 +111,26 @@ def test_auto_mode_resolves_to_cpu_without_enough_gpus():
     assert plan.request.mode is Mode.CPU and plan.request.scenario["device"] == "cpu" and plan.refusal is None
     plan = launch.plan_distributed(request(mode=Mode.AUTO), Strategy.DDP, 2, cuda_devices=2)
     assert plan.request.mode is Mode.CUDA and plan.request.scenario["device"] == "cuda" and plan.refusal is None
+
+
+def test_each_cpu_rank_gets_a_memory_limit_from_its_estimate_and_a_share_of_free_ram(monkeypatch, tmp_path):
+    from planner.loading import model_shape_for_config
+    from planner.parallel import parallel_estimate
+    from planner.strategy import ParallelPlan
+    from runners import verify as verify_module
+    from runners.memory_limit import MEMORY_LIMIT_ENV
+
+    planned = launch.plan_distributed(request(), Strategy.DDP, 2, check_ram=False).request  # device: cpu
+    scenario = planned.parsed_scenario()
+    shape = model_shape_for_config(planned.config, scenario.task, scenario.num_labels, planned.model_name)
+    per_rank = parallel_estimate(shape, scenario, ParallelPlan(2, Strategy.DDP)).per_device_peak_bytes
+    needed = verify_module.ram_needed_for_peak(per_rank)
+    for free, expected in ((64 * 2**30, int(needed * 1.5)), (int(needed * 2.4), int(needed * 1.2))):
+        monkeypatch.setattr(verify_module, "available_ram_bytes", lambda free=free: free)
+        plan = launch.plan_distributed(request(), Strategy.DDP, 2)
+        assert plan.refusal is None and plan.memory_limit_bytes == expected  # 1.5 x needed, or half the free RAM
+    env = launch._env(tmp_path, plan.memory_limit_bytes)  # torchrun's, which each rank inherits and applies
+    assert env[MEMORY_LIMIT_ENV] == str(expected) and env["TMPDIR"] == str(tmp_path)
 
 
 def test_cli_two_rank_ddp_run_has_equal_replicas_and_is_recorded(tmp_path):

@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import signal
 import sqlite3
+import subprocess
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -15,6 +16,8 @@ import pytest
 
 from runners import history
 from runners.history import RunHistory, RunMode, RunRecord, RunStatus
+from runners.history_errors import HistoryError
+from runners.process_identity import ProcessIdentity, current, is_alive
 
 SCENARIO = {"config": "distilbert-base-cased", "task": "sequence-classification", "batch_size": 8,
             "seq_len": 128, "optimizer": "adamw", "precision": "fp32"}
@@ -174,16 +177,16 @@ def test_new_database_is_wal_at_current_version_and_reopen_is_idempotent(tmp_pat
     path = tmp_path / "nested" / "dir" / "runs.sqlite3"
     store = RunHistory(path)
     assert path.exists()
-    assert store.schema_version() == len(history.MIGRATIONS) == 1
+    assert store.schema_version() == len(history.MIGRATIONS) == 2
     with _raw(path) as con:
         assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert con.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert con.execute("PRAGMA user_version").fetchone()[0] == 2
     run_id = store.start_run("m", "cpu", SCENARIO, ESTIMATE)
     with store._connect() as con:
         assert con.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         assert con.execute("PRAGMA busy_timeout").fetchone()[0] >= 1000
     again = RunHistory(path)
-    assert again.schema_version() == 1
+    assert again.schema_version() == 2
     assert again.get(run_id) == store.get(run_id)
     assert again.integrity_ok()
 
@@ -194,7 +197,7 @@ def test_empty_version_0_file_is_migrated(tmp_path):
     with _raw(path) as con:
         assert con.execute("PRAGMA user_version").fetchone()[0] == 0
     store = RunHistory(path)
-    assert store.schema_version() == 1
+    assert store.schema_version() == 2
     store.finish_run(store.start_run("m", "cpu", SCENARIO, ESTIMATE), "ok")
     assert len(store.list_runs()) == 1
 
@@ -204,23 +207,24 @@ def test_older_database_is_migrated_forward_by_appended_migration(tmp_path, monk
     v1 = RunHistory(path)
     run_id = v1.start_run("m", "cpu", SCENARIO, ESTIMATE)
 
-    def add_device_name(con):  # what a real version 2 would look like: one appended function
+    def add_device_name(con):  # what a real next version would look like: one appended function
         con.execute("ALTER TABLE runs ADD COLUMN device_name TEXT")
         con.execute("UPDATE runs SET device_name = 'unknown'")
 
     monkeypatch.setattr(history, "MIGRATIONS", history.MIGRATIONS + (add_device_name,))
     v2 = RunHistory(path)
-    assert v2.schema_version() == 2
+    assert v2.schema_version() == 3
     with _raw(path) as con:
         assert con.execute("SELECT device_name FROM runs WHERE id = ?", (run_id,)).fetchone() == ("unknown",)
     assert v2.get(run_id).scenario == SCENARIO
     RunHistory(path)  # at the current version: nothing runs again
-    assert v2.schema_version() == 2
+    assert v2.schema_version() == 3
 
 
 def test_failed_migration_rolls_back_completely(tmp_path, monkeypatch):
     path = tmp_path / "runs.sqlite3"
     run_id = RunHistory(path).start_run("m", "cpu", SCENARIO, ESTIMATE)
+    released = history.MIGRATIONS
 
     def half_done(con):
         con.execute("ALTER TABLE runs ADD COLUMN x TEXT")
@@ -230,9 +234,9 @@ def test_failed_migration_rolls_back_completely(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="migration bug"):
         RunHistory(path)
     with _raw(path) as con:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert con.execute("PRAGMA user_version").fetchone()[0] == len(released)
         assert "x" not in [r[1] for r in con.execute("PRAGMA table_info(runs)")]
-    monkeypatch.setattr(history, "MIGRATIONS", history.MIGRATIONS[:1])
+    monkeypatch.setattr(history, "MIGRATIONS", released)
     assert RunHistory(path).get(run_id) is not None
 
 
@@ -241,7 +245,7 @@ def test_database_newer_than_code_is_refused(tmp_path):
     RunHistory(path)
     with _raw(path) as con:
         con.execute("PRAGMA user_version = 7")
-    with pytest.raises(RuntimeError, match="schema version 7, newer than this code"):
+    with pytest.raises(HistoryError, match="schema version 7, newer than this code"):
         RunHistory(path)
 
 
@@ -387,3 +391,118 @@ def test_sigkilled_writer_leaves_intact_database_with_every_reported_run(tmp_pat
     assert store.list_runs(limit=None, status="running") == []
     store.finish_run(store.start_run("after", "cpu", SCENARIO, ESTIMATE), "ok")  # still writable
     assert store.integrity_ok()
+
+
+# --- runs whose owner died, database faults (issue 15) ------------------------------------------
+
+def _dead_owner() -> str:
+    """The token of a process that has exited (a real one: started, reaped)."""
+    proc = mp.get_context("spawn").Process(target=time.sleep, args=(0,))
+    proc.start()
+    proc.join()
+    return ProcessIdentity(current().host, current().boot_id, proc.pid, current().start_ticks).token()
+
+
+def test_run_whose_owner_died_is_marked_killed_when_the_history_next_opens(tmp_path):
+    path = tmp_path / "runs.sqlite3"
+    store = RunHistory(path)
+    orphan = store.start_run("m", "cpu", SCENARIO, ESTIMATE)
+    mine = store.start_run("m", "cpu", SCENARIO, ESTIMATE)
+    foreign = store.start_run("m", "cpu", SCENARIO, ESTIMATE)
+    with _raw(path) as con:
+        con.execute("UPDATE runs SET owner = ? WHERE id = ?", (_dead_owner(), orphan))
+        con.execute("UPDATE runs SET owner = ? WHERE id = ?", ("other-host/x/1/1", foreign))
+    reopened = RunHistory(path)
+    killed = reopened.get(orphan)
+    assert killed.status is RunStatus.KILLED and killed.finished_at is not None
+    assert "ended without recording an outcome" in killed.reason and "SIGKILL" in killed.reason
+    assert reopened.get(mine).status is RunStatus.RUNNING  # this process is alive
+    assert reopened.get(foreign).status is RunStatus.RUNNING  # another host's: unknown, left alone
+    assert reopened.mark_runs_of_dead_owners() == 0
+
+
+def test_process_identity_tells_a_reused_pid_and_a_reboot_from_the_owner():
+    me = current()
+    assert ProcessIdentity.from_token(me.token()) == me and is_alive(me) is True
+    assert is_alive(ProcessIdentity(me.host, me.boot_id, me.pid, (me.start_ticks or 0) + 1)) is False
+    assert is_alive(ProcessIdentity(me.host, "another-boot", me.pid, me.start_ticks)) is False
+    assert ProcessIdentity.from_token("not a token") is None
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"this is not a database, just bytes " * 100)
+
+
+def _newer(path: Path) -> None:
+    RunHistory(path)
+    with _raw(path) as con:
+        con.execute("PRAGMA user_version = 99")
+
+
+def _read_only(path: Path) -> None:
+    RunHistory(path).start_run("m", "cpu", SCENARIO, ESTIMATE)
+    files = [str(f) for f in path.parent.iterdir()]
+    for name in files:
+        os.chmod(name, 0o444)
+    path.parent.chmod(0o555)
+    if os.geteuid() == 0:  # root writes whatever the mode says: make them immutable instead
+        if subprocess.run(["chattr", "+i", *files, str(path.parent)], capture_output=True, check=False).returncode != 0:
+            pytest.skip("running as root without chattr: a read-only file cannot be made")
+
+
+def _writable_again(folder: Path) -> None:
+    if os.geteuid() == 0 and folder.is_dir():
+        subprocess.run(["chattr", "-i", str(folder), *map(str, folder.iterdir())], capture_output=True, check=False)
+    if folder.is_dir():
+        folder.chmod(0o755)
+
+
+def _directory(path: Path) -> None:
+    path.mkdir(parents=True)
+
+
+def _data_dir_is_a_file(path: Path) -> None:
+    path.parent.write_text("a file where the data directory should be")
+
+
+@pytest.mark.parametrize(("make", "words"), [
+    (_garbage, "not a SQLite database"), (_newer, "newer than this code"), (_read_only, "read-only"),
+    (_directory, "is a folder, not a database file"), (_data_dir_is_a_file, "is a file, not a folder"),
+])
+def test_every_database_fault_is_one_line_saying_how_to_recover(tmp_path, make, words):
+    path = tmp_path / "data" / "runs.sqlite3"
+    if make is not _data_dir_is_a_file:
+        path.parent.mkdir()
+    try:
+        make(path)
+        with pytest.raises(HistoryError) as raised:
+            RunHistory(path).start_run("m", "cpu", SCENARIO, ESTIMATE)
+        message = str(raised.value)
+        assert words in message and "\n" not in message
+        assert "PLANNER_DATA_DIR" in message or "update the planner" in message
+    finally:
+        _writable_again(path.parent)
+
+
+def test_database_deleted_while_in_use_is_an_error_not_a_new_empty_file(tmp_path):
+    path = tmp_path / "runs.sqlite3"
+    store = RunHistory(path)
+    run_id = store.start_run("m", "cpu", SCENARIO, ESTIMATE)
+    for name in ("runs.sqlite3", "runs.sqlite3-wal", "runs.sqlite3-shm"):
+        (tmp_path / name).unlink(missing_ok=True)
+    with pytest.raises(HistoryError, match="deleted while in use"):
+        store.finish_run(run_id, "ok", measurement={"peak_bytes": 1})
+    assert not path.exists()
+
+
+def test_unfinished_run_from_before_owners_is_marked_once_a_day_old(tmp_path):
+    path = tmp_path / "runs.sqlite3"
+    store = RunHistory(path)
+    old, recent = (store.start_run("m", "cpu", SCENARIO, ESTIMATE) for _ in range(2))
+    day_ago = (datetime.now(timezone.utc) - timedelta(days=1, minutes=1)).isoformat(timespec="microseconds")
+    with _raw(path) as con:  # as a version-1 database left them: no owner
+        con.execute("UPDATE runs SET owner = NULL")
+        con.execute("UPDATE runs SET created_at = ? WHERE id = ?", (day_ago, old))
+    reopened = RunHistory(path)
+    assert reopened.get(old).status is RunStatus.KILLED and "before run owners" in reopened.get(old).reason
+    assert reopened.get(recent).status is RunStatus.RUNNING

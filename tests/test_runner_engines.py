@@ -1,6 +1,8 @@
 """Both training paths of the lessons, run for real on CPU: the measured optimizer state
 equals the planner's exact figure, and the Trainer and the Accelerate loop agree on it."""
 
+import tempfile
+
 import pytest
 
 from conftest import tiny_config
@@ -28,10 +30,12 @@ def test_measured_state_equals_planner(optimizer):
 
 @pytest.mark.parametrize("optimizer", [Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.HF_ADAFACTOR,
                                        Optimizer.ADAM8BIT, Optimizer.SGD])
-def test_trainer_and_accelerate_agree_on_state(optimizer):
+def test_trainer_and_accelerate_agree_on_state(optimizer, tmp_path, monkeypatch):
     config = tiny_config("tiny-gpt2")
     values = _values(optimizer, grad_accum=2)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # what the Trainer's run leaves in the temp folder
     through_trainer = measure_in_process(config, "tiny-gpt2", values, Mode.CPU, engine=Engine.TRAINER)
+    assert [p.name for p in tmp_path.glob("planner-trainer-*")] == []  # its output_dir went with the run
     through_loop = measure_in_process(config, "tiny-gpt2", values, Mode.CPU, engine=Engine.ACCELERATE)
     assert through_trainer["engine"] == "trainer" and through_loop["engine"] == "accelerate"
     assert through_trainer["measured"]["optimizer_state_bytes"] == through_loop["measured"]["optimizer_state_bytes"]

@@ -46,6 +46,14 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     (["verify", *TINY[:-1], "100000"], "sequence"),
     (["history", "--limit", "0"], "--limit"),
     (["frobnicate"], "invalid choice"),
+    # Issue 15 item 6: each traced back, or ran (and recorded) a run, before.
+    (["history", "--limit", str(10**20)], "--limit must be an integer from 1 to 1,000,000"),
+    (["verify", *TINY, "--seed", str(10**26)], "seed must be an integer from 0 to 4,294,967,295"),
+    (["verify", *TINY, "--write-job", "job.json"], "--write-job writes a distributed job"),
+    (["verify", *TINY, "--num-processes", "2", "--write-job", "/no/such/folder/job.json"],
+     "folder '/no/such/folder' does not exist"),
+    (["verify", *TINY, "--num-processes", "2", "--write-job", str(ROOT)], "is a folder: give a file name"),
+    (["bogus"], "(see `python -m runners --help`)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, data_dir, argv, message):
     code, out, err = run_cli(capsys, *argv)
@@ -183,3 +191,13 @@ def test_cuda_is_likely_available_reads_the_driver_without_importing_torch(tmp_p
     driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module\n")
     assert cuda_is_likely_available(str(driver))
     assert "torch" not in sys.modules
+
+
+def test_a_config_beyond_any_model_is_refused_before_a_run_is_recorded(capsys, tmp_path):
+    """Issue 15 item 1 on the runners' path: T5 with 100,000 layers built for minutes."""
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps({"model_type": "t5", "num_layers": 100_000, "d_model": 64, "num_heads": 2}))
+    code, out, err = run_cli(capsys, "verify", "--config", str(path), "--task", "sequence-classification",
+                             "--batch-size", "1", "--seq-len", "8", "--mode", "simulate")
+    assert (code, out) == (2, "") and "beyond any real model" in err and err.count("\n") == 1
+    assert RunHistory().list_runs() == []

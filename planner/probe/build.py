@@ -9,8 +9,12 @@ never disagree about the architecture), and synthetic batches for it. Weights ar
 
 from __future__ import annotations
 
-import torch
+import contextlib
 
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from planner.finetune import Method
 from planner.scenario import Checkpointing, Precision, Scenario, Task
 from planner.shapes_from_config import load_transformers_config
 
@@ -39,8 +43,26 @@ def build_model(config_dict: dict, scenario: Scenario, seed: int = 0, config=Non
                                    trust_remote_code=False, dtype=dtype)
     if scenario.checkpointing is Checkpointing.EVERY_LAYER:
         model.gradient_checkpointing_enable()
+    if scenario.finetune.uses_adapters:
+        model = with_adapters(model, scenario)
     model.train()
     return model
+
+
+def with_adapters(model: torch.nn.Module, scenario: Scenario) -> torch.nn.Module:
+    """LoRA as a user writes it: `get_peft_model(model, LoraConfig(...))` after checkpointing is
+    enabled (PEFT then calls `enable_input_require_grads`, so checkpointed blocks of a frozen
+    base still reach the adapters' gradients)."""
+    from peft import get_peft_model
+
+    from planner.adapters import lora_config
+    from planner.probe.fake_mode import adapters_cast_in_place
+
+    if scenario.finetune.method is Method.QLORA:
+        raise NotImplementedError("QLoRA runs are not built yet")
+    fake = any(isinstance(p, FakeTensor) for p in model.parameters())
+    with adapters_cast_in_place() if fake else contextlib.nullcontext():
+        return get_peft_model(model, lora_config(scenario.finetune, scenario.task))
 
 
 def synthetic_batch(config_dict: dict, scenario: Scenario, seed: int = 0, device: str = "cpu") -> dict:

@@ -49,13 +49,25 @@ def window_exceeded(shape: ModelShape, scenario: Scenario) -> bool:
     return shape.sliding_window is not None and scenario.seq_len >= shape.sliding_window
 
 
+def _finetune_parts(scenario: Scenario) -> list[str]:
+    """What of the fine-tuning method changes the step's tensors (none for full fine-tuning,
+    so its keys stay as they were): the adapters' rank and targets, whether their dropout
+    runs (p = 0 is an Identity in PEFT), the 4-bit base, and PEFT's version."""
+    method = scenario.finetune
+    if not method.uses_adapters:
+        return []
+    targets = method.lora_targets if isinstance(method.lora_targets, str) else ",".join(method.lora_targets)
+    return [f"{method.method.value}:r={method.lora_r}:dropout={'on' if method.lora_dropout > 0 else 'off'}"
+            f":targets={targets}", f"peft={metadata.version('peft')}"]
+
+
 def technique_key(shape: ModelShape, scenario: Scenario) -> str:
     labels = scenario.num_labels if scenario.task is Task.SEQUENCE_CLASSIFICATION else 0
     parts = [scenario.task.value, f"labels={labels}", scenario.precision.value,
              "checkpointing" if scenario.checkpointing is Checkpointing.EVERY_LAYER else "no-checkpointing",
              scenario.attention.value, scenario.engine.value,
              "window-reached" if window_exceeded(shape, scenario) else "within-window",
-             f"probe-format={PROBE_FORMAT}", library_versions()]
+             *_finetune_parts(scenario), f"probe-format={PROBE_FORMAT}", library_versions()]
     return "|".join(parts)
 
 
@@ -178,7 +190,8 @@ def step_key(shape: ModelShape, scenario: Scenario) -> str:
     # probe format 3; earlier entries for the Trainer are not read).
     engine = scenario.engine.value + ("+trainer-groups" if scenario.engine is Engine.TRAINER else "")
     return "|".join(["optimizer-step", scenario.task.value, f"labels={labels}", scenario.optimizer.value,
-                     scenario.precision.value, engine, f"probe-format={PROBE_FORMAT}", library_versions()])
+                     scenario.precision.value, engine, *_finetune_parts(scenario), f"probe-format={PROBE_FORMAT}",
+                     library_versions()])
 
 
 def probed_step_temporaries(shape: ModelShape, scenario: Scenario) -> int | str:

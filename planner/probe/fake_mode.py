@@ -42,6 +42,19 @@ Three context managers, each active only for the duration of one simulated step:
   Routing does not change memory on this path: every token's top-k copies form one
   (tokens x top_k, width) tensor sorted by expert, whatever the router chooses.
 
+- `adapters_cast_in_place()`: PEFT moves each new adapter to its base layer's device and
+  dtype with `Module.to` (`BaseTunerLayer._move_adapter_to_device_of_base_layer`,
+  `LoraModel._replace_module`), and `Module._apply` must swap a fake parameter for the
+  converted one, which fails (a fake tensor carries weak references). Inside this context
+  a `Module.to` of an all-fake module that stays on its device converts only what changes
+  dtype, in place through `.data`, exactly as `.to(dtype=...)` would leave it: the same
+  tensors in the same dtypes. Any real move still goes to `Module.to`. PEFT also trains
+  a sequence classifier's head as a `copy.deepcopy` (`ModulesToSaveWrapper`), and a
+  deep-copied fake tensor gets a fake mode of its own (which no op may mix with the
+  model's, and which crashed a later simulation in a dropout kernel): the copy of an
+  all-fake module is given fresh fake tensors of the same shape, strides, dtype and
+  requires_grad in the model's mode (a fake tensor's values are never read).
+
 Known limitations: the mask patch targets the SDPA/eager mask helpers of transformers 5.x
 `masking_utils`; other value-reading shortcuts (packed-sequence detection when no
 attention_mask is given, the recurrent-layer mask of hybrid models, the flex-attention
@@ -52,6 +65,7 @@ and supports sdpa/eager only, so they are not reached.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 
@@ -135,6 +149,52 @@ def grouped_mm_in_every_dtype():
         yield
     finally:
         fake_impls.op_implementations_dict.pop(grouped_mm, None)
+
+
+def _fake_module_to(original):
+    @functools.wraps(original)
+    def to(module, *args, **kwargs):
+        tensors = list(module.parameters()) + list(module.buffers())
+        if not tensors or not all(isinstance(t, FakeTensor) for t in tensors):
+            return original(module, *args, **kwargs)
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if device is not None and any(t.device != torch.device(device) for t in tensors):
+            return original(module, *args, **kwargs)  # a real move: let Module.to say what fails
+        for tensor in tensors:
+            if dtype is not None and tensor.is_floating_point() and tensor.dtype != dtype:
+                tensor.data = tensor.data.to(dtype)
+        return module
+
+    return to
+
+
+def _fake_module_deepcopy(original):
+    @functools.wraps(original)
+    def deepcopy(x, memo=None, *args):
+        if isinstance(x, torch.nn.Module):
+            tensors = list(x.parameters()) + list(x.buffers())
+            if tensors and all(isinstance(t, FakeTensor) for t in tensors):
+                memo = {} if memo is None else memo
+                for tensor in tensors:
+                    with tensor.fake_mode:
+                        fresh = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype)
+                    if isinstance(tensor, torch.nn.Parameter):
+                        fresh = torch.nn.Parameter(fresh, requires_grad=tensor.requires_grad)
+                    memo[id(tensor)] = fresh
+        return original(x, memo, *args)
+
+    return deepcopy
+
+
+@contextlib.contextmanager
+def adapters_cast_in_place():
+    """Build PEFT adapters on a fake-tensor model (see module doc)."""
+    to, deepcopy = torch.nn.Module.to, copy.deepcopy
+    torch.nn.Module.to, copy.deepcopy = _fake_module_to(to), _fake_module_deepcopy(deepcopy)
+    try:
+        yield
+    finally:
+        torch.nn.Module.to, copy.deepcopy = to, deepcopy
 
 
 @contextlib.contextmanager

@@ -18,7 +18,9 @@ import re
 from dataclasses import dataclass, field
 
 from torch.distributed._tools.common_utils import get_untyped_storages
-from torch.distributed._tools.mem_tracker import MemTracker, _UpdateType
+from torch.distributed._tools.mem_tracker import _UpdateType
+
+from planner.probe.memtracker import TrainableMemTracker
 
 # MemTracker's reference types, in the planner's category vocabulary (runners.probes too).
 CATEGORY = {"Parameter": "weights", "Buffer": "weights", "Gradient": "gradients", "Optstate": "optimizer_state",
@@ -49,7 +51,7 @@ class Recording:
     unsized: list[str] = field(default_factory=list)
 
 
-class Recorder(MemTracker):
+class Recorder(TrainableMemTracker):
     """MemTracker that writes down its updates (see the module docstring)."""
 
     def __init__(self, recording: Recording, block_prefix: str) -> None:

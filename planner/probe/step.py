@@ -29,10 +29,10 @@ def step_temporaries(shape: ModelShape, scenario: Scenario) -> int:
     """Peak live bytes above the start of a steady-state optimizer step (bytes)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     from planner.probe.build import build_model
     from planner.probe.fake_mode import fake_quantile_maps, simulation
+    from planner.probe.memtracker import TrainableMemTracker
     from planner.probe.optimizers import TRAINER_OPTIM, build_optimizer, trainer_parameter_groups
     from planner.probe.run import layout_for, reduced_config
     from planner.shapes_from_config import load_transformers_config
@@ -45,7 +45,8 @@ def step_temporaries(shape: ModelShape, scenario: Scenario) -> int:
         warnings.simplefilter("ignore")
         model = build_model(config_dict, scenario, config=reduced)
         for parameter in model.parameters():
-            parameter.grad = torch.zeros_like(parameter)
+            if parameter.requires_grad:  # LoRA: the adapters only; the frozen base has no gradient
+                parameter.grad = torch.zeros_like(parameter)
     trainer_built = scenario.engine is Engine.TRAINER and scenario.optimizer in TRAINER_OPTIM
     groups = trainer_parameter_groups(model) if trainer_built else None
     # bitsandbytes' constructor runs outside fake mode.
@@ -62,7 +63,7 @@ def step_temporaries(shape: ModelShape, scenario: Scenario) -> int:
     with simulation(fake), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         optimizer.step()  # the first step creates the state
-        tracker = MemTracker()
+        tracker = TrainableMemTracker()
         tracker.track_external(model, optimizer)
         with tracker:
             start = max(snap["Total"] for snap in tracker.get_tracker_snapshot("current").values())

@@ -1,0 +1,30 @@
+"""torch's MemTracker, able to track a model with frozen parameters.
+
+MemTracker (torch.distributed._tools.mem_tracker, torch 2.13) installs a gradient hook on
+every parameter of every module it enters (`_track_module_params_and_buffers`), and
+`Tensor.register_hook` raises on a tensor that does not require a gradient, so a LoRA
+model (a frozen base) cannot be tracked at all. `TrainableMemTracker` keeps all of its
+accounting and installs the same two hooks (gradient, and after accumulation) on the
+parameters that require a gradient only: a frozen parameter never has one to count.
+The probe's recorder, its step probe and the verification runs all measure with it.
+"""
+
+from __future__ import annotations
+
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+
+class TrainableMemTracker(MemTracker):
+    def _track_module_params_and_buffers(self, module, install_grad_hooks: bool = True):
+        memory = super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+        if install_grad_hooks:
+            for parameter in module.parameters():
+                if parameter.requires_grad and self._param_to_grad_hook_handles.get(parameter) is None:
+                    self._param_to_grad_hook_handles[parameter] = (
+                        parameter.register_hook(self._count_gradient),
+                        parameter.register_post_accumulate_grad_hook(lambda p: self._count_gradient(p.grad)),
+                    )
+        return memory
+
+    def _count_gradient(self, grad) -> None:
+        self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)

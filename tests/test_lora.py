@@ -1,0 +1,64 @@
+"""LoRA planned against LoRA measured: the probe runs the PEFT-wrapped model's own step
+(frozen linears saving their inputs, the adapters' dropout and A-path, checkpointing
+through PEFT), and the estimate must match a full-depth measured step of the model as
+`get_peft_model` builds it (real CPU tensors, or fake ones, which count alike), in both
+loops. States are exact (tests/test_adapters.py); the bar is the probe's, 0.1% of the peak."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from test_probe import _assert_close, _compare, _own_probe_cache, deep  # noqa: F401 (the fixture)
+from runners.request import Mode
+
+CASES = [
+    ("tiny-llama", "causal-lm", {}, Mode.SIMULATE),
+    ("tiny-llama", "causal-lm", {"gradient_checkpointing": True, "lora_targets": "q_proj,v_proj"}, Mode.CPU),
+    ("tiny-llama", "causal-lm", {"precision": "bf16", "grad_accum": 2, "optimizer": "adamw8bit"}, Mode.SIMULATE),
+    ("tiny-llama", "causal-lm", {"engine": "trainer", "precision": "bf16-mixed"}, Mode.CPU),
+    ("tiny-neox", "causal-lm", {"lora_dropout": 0.0, "gradient_checkpointing": True}, Mode.SIMULATE),
+    ("tiny-distilbert", "sequence-classification", {"lora_targets": "q_lin,v_lin"}, Mode.SIMULATE),
+]
+
+
+@pytest.mark.parametrize("name,task,overrides,mode", CASES,
+                         ids=[f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items()) or 'defaults'}-{m.value}"
+                              for n, _, o, m in CASES])
+def test_lora_probe_matches_the_measured_peft_step(name, task, overrides, mode):
+    values = {"task": task, "batch_size": 3, "seq_len": 40, "finetune": "lora", "lora_r": 8, **overrides}
+    estimated, measured = _compare(deep(name, 5), values, mode)
+    _assert_close(estimated, measured, name)
+    assert estimated.optimizer_state_bytes == measured["optimizer_state_bytes"]
+
+
+def _cli(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner", "estimate", *arguments], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_plans_lora_with_its_trainable_count_and_frozen_base():
+    done = _cli("--config", "pythia-160m", "--task", "causal-lm", "--batch-size", "2", "--seq-len", "64",
+                "--device", "cpu", "--finetune", "lora", "--lora-targets", "query_key_value", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    # 12 blocks x r (768 in + 2,304 out): the fused query_key_value projection.
+    assert result["trainable_parameters"] == 12 * 16 * (768 + 2304)
+    assert result["gradients_bytes"] == 4 * result["trainable_parameters"]
+    assert result["frozen_weight_bytes"] == 4 * result["num_parameters"]
+    assert result["scenario"]["finetune"] == "lora" and result["scenario"]["lora_alpha"] == 32
+
+
+@pytest.mark.parametrize("arguments,words", [
+    (("--lora-r", "0"), "rank"),
+    (("--lora-alpha", "-1"), "alpha"),
+    (("--lora-targets", "q_proj"), "not found"),
+    (("--device", "cuda"), "--device cpu"),
+])
+def test_bad_lora_input_is_one_line_and_exit_2(arguments, words):
+    done = _cli("--config", "pythia-160m", "--task", "causal-lm", "--batch-size", "2", "--seq-len", "64",
+                "--device", "cpu", "--finetune", "lora", *arguments)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.startswith("planner: error")]
+    assert len(lines) == 1 and words in lines[0], done.stderr
