@@ -108,9 +108,6 @@ def test_probe_of_the_trainer_forward_and_backward_match_a_real_trainer_step():
 # routing (every token's top-k copies are one tensor sorted by expert), so a probe on fake
 # tensors equals a real CPU run with real routing. In fp32 and bf16-mixed the probe needs
 # planner.probe.fake_mode.grouped_mm_in_every_dtype (torch's meta kernel takes bf16 only).
-TINY_OLMOE = {"model_type": "olmoe", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 96,
-              "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 4, "num_experts": 8,
-              "num_experts_per_tok": 2, "max_position_embeddings": 512}
 TINY_MIXTRAL = {"model_type": "mixtral", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 96,
                 "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2,
                 "num_local_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 512,
@@ -124,11 +121,9 @@ TINY_QWEN_MOE = {"model_type": "qwen2_moe", "vocab_size": 1000, "hidden_size": 6
 
 
 @pytest.mark.parametrize("config,overrides", [
-    (TINY_OLMOE, {"precision": "bf16"}),
-    (TINY_MIXTRAL, {}),
-    (TINY_MIXTRAL, {"precision": "bf16-mixed", "grad_accum": 2}),
-    (TINY_QWEN_MOE, {"optimizer": "adafactor", "gradient_checkpointing": True}),
-], ids=["olmoe-bf16", "mixtral-fp32", "mixtral-bf16-mixed-accum", "qwen-moe-adafactor-ckpt"])
+    (TINY_MIXTRAL, {"grad_accum": 2}),
+    (TINY_QWEN_MOE, {"precision": "bf16-mixed", "optimizer": "adafactor", "gradient_checkpointing": True}),
+], ids=["mixtral-fp32-accum", "qwen-moe-bf16-mixed-adafactor-ckpt"])
 def test_a_mixture_of_experts_is_probed_on_fake_tensors_and_matches_real_routing(config, overrides):
     values = dict(task="causal-lm", batch_size=3, seq_len=40, **overrides)
     estimated, measured = _compare(config, values, Mode.CPU)
@@ -243,3 +238,18 @@ def test_random_scenarios_match_simulated_steps():
         except AssertionError as error:
             failures.append(str(error).splitlines()[0])
     assert not failures, f"seed {SEED}: {len(failures)} of {RANDOM_SCENARIOS} off:\n" + "\n".join(failures)
+
+
+# Found by benchmarks/random_differential.py (seed 2701826880: GPT-2-large, 1 x 873 tokens,
+# fp32 Adam, SDPA: -1.48%). Narrowed down on a tiny GPT-2: exact up to 64 tokens, then the
+# forward and backward high points are under-counted by about 4,080 B per token (at 80, 100
+# and 200 tokens, and with probes at 67-75 tokens too); with attention dropout 0 it is exact
+# again (attention dropout under CPU SDPA takes the math kernel, which saves the dropped-out
+# probabilities), and LLaMA and OPT at the same lengths are exact. The tensor is not found
+# yet; this case flips to a pass when it is.
+@pytest.mark.xfail(strict=True, reason="GPT-2 attention dropout under SDPA, beyond ~64 tokens: about "
+                   "4,080 B per token missing from the forward/backward high point (cause not found yet)")
+def test_gpt2_with_attention_dropout_beyond_64_tokens():
+    values = {"task": "causal-lm", "batch_size": 1, "seq_len": 100, "optimizer": "adam"}
+    estimated, measured = _compare(deep("tiny-gpt2", 4), values)
+    _assert_close(estimated, measured, "gpt2 attention dropout, 100 tokens")

@@ -98,7 +98,7 @@ def test_scalar_stand_ins_cover_floats_only():
 def test_llama_2_7b_step_is_simulated_without_allocating_it():
     config = json.loads((CATALOG / "llama-2-7b.json").read_text())
     # The catalog file says torch_dtype float16; runs build fp32 masters regardless (27 GB of weights).
-    scenario = dict(task="causal-lm", batch_size=1, seq_len=128, device="cpu", gradient_checkpointing=True)
+    scenario = dict(task="causal-lm", batch_size=1, seq_len=128, device="cpu")
     simulated = _measured(config, scenario, Mode.SIMULATE)
 
     parameters = 6_738_415_616  # Llama-2-7B
