@@ -5,12 +5,11 @@ through PEFT), and the estimate must match a full-depth measured step of the mod
 loops. States are exact (tests/test_adapters.py); the bar is the probe's, 0.1% of the peak."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from test_probe import _assert_close, _compare, _own_probe_cache, deep  # noqa: F401 (the fixture)
+from planner.cli import main
 from runners.request import Mode
 
 # More combinations (optimizers, accumulation, every family) belong to the randomized benchmark.
@@ -35,16 +34,19 @@ def test_lora_probe_matches_the_measured_peft_step(name, task, overrides, mode):
     assert estimated.optimizer_state_bytes == measured["optimizer_state_bytes"]
 
 
-def _cli(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner", "estimate", *arguments], capture_output=True,
-                          text=True, timeout=300)
+def _cli(capsys, *arguments: str) -> tuple[int, str, str]:
+    # In process: the CLI's own entry point (tests/test_cli.py runs `python -m planner` itself).
+    status = main(["estimate", *arguments])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
 
 
-def test_cli_plans_lora_with_its_trainable_count_and_frozen_base():
-    done = _cli("--config", "pythia-160m", "--task", "causal-lm", "--batch-size", "2", "--seq-len", "64",
-                "--device", "cpu", "--finetune", "lora", "--lora-targets", "query_key_value", "--json")
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+def test_cli_plans_lora_with_its_trainable_count_and_frozen_base(capsys):
+    status, out, err = _cli(capsys, "--config", "pythia-160m", "--task", "causal-lm", "--batch-size", "2",
+                            "--seq-len", "64", "--device", "cpu", "--finetune", "lora", "--lora-targets",
+                            "query_key_value", "--json")
+    assert status == 0, err
+    result = json.loads(out)
     # 12 blocks x r (768 in + 2,304 out): the fused query_key_value projection.
     assert result["trainable_parameters"] == 12 * 16 * (768 + 2304)
     assert result["gradients_bytes"] == 4 * result["trainable_parameters"]
@@ -58,9 +60,9 @@ def test_cli_plans_lora_with_its_trainable_count_and_frozen_base():
     (("--lora-targets", "q_proj"), "not found"),
     (("--device", "cuda"), "--device cpu"),
 ])
-def test_bad_lora_input_is_one_line_and_exit_2(arguments, words):
-    done = _cli("--config", "pythia-160m", "--task", "causal-lm", "--batch-size", "2", "--seq-len", "64",
-                "--device", "cpu", "--finetune", "lora", *arguments)
-    assert done.returncode == 2
-    lines = [line for line in done.stderr.splitlines() if line.startswith("planner: error")]
-    assert len(lines) == 1 and words in lines[0], done.stderr
+def test_bad_lora_input_is_one_line_and_exit_2(capsys, arguments, words):
+    status, _, err = _cli(capsys, "--config", "pythia-160m", "--task", "causal-lm", "--batch-size", "2",
+                          "--seq-len", "64", "--device", "cpu", "--finetune", "lora", *arguments)
+    assert status == 2
+    lines = [line for line in err.splitlines() if line.startswith("planner: error")]
+    assert len(lines) == 1 and words in lines[0], err

@@ -241,15 +241,15 @@ def test_random_scenarios_match_simulated_steps():
 
 
 # Found by benchmarks/random_differential.py (seed 2701826880: GPT-2-large, 1 x 873 tokens,
-# fp32 Adam, SDPA: -1.48%). Narrowed down on a tiny GPT-2: exact up to 64 tokens, then the
-# forward and backward high points are under-counted by about 4,080 B per token (at 80, 100
-# and 200 tokens, and with probes at 67-75 tokens too); with attention dropout 0 it is exact
-# again (attention dropout under CPU SDPA takes the math kernel, which saves the dropped-out
-# probabilities), and LLaMA and OPT at the same lengths are exact. The tensor is not found
-# yet; this case flips to a pass when it is.
-@pytest.mark.xfail(strict=True, reason="GPT-2 attention dropout under SDPA, beyond ~64 tokens: about "
-                   "4,080 B per token missing from the forward/backward high point (cause not found yet)")
-def test_gpt2_with_attention_dropout_beyond_64_tokens():
+# fp32 Adam, SDPA: -1.48%). Cause: batch size 1 takes another path through GPT-2's code
+# (a 4-layer step makes 1,132 storages at batch 1 against 1,186 at batch 2, with other
+# lifetimes), and the probe never runs batch 1 (PROBE_SIZES start at 2), so a batch-1
+# scenario is walked with the structure of larger batches. On a tiny GPT-2 that is about
+# 4,080 B per token once attention dropout's probabilities dominate (beyond ~64 tokens);
+# at batch 2 the same lengths are right (+16 B per token). LLaMA and OPT are unaffected.
+# The fix is a batch-1 probe (its own technique class, solved in s alone).
+@pytest.mark.xfail(strict=True, reason="batch 1 takes another code path in GPT-2 and the probe never runs batch 1")
+def test_gpt2_at_batch_1_beyond_64_tokens():
     values = {"task": "causal-lm", "batch_size": 1, "seq_len": 100, "optimizer": "adam"}
     estimated, measured = _compare(deep("tiny-gpt2", 4), values)
-    _assert_close(estimated, measured, "gpt2 attention dropout, 100 tokens")
+    _assert_close(estimated, measured, "gpt2 at batch 1, 100 tokens")
