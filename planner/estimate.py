@@ -131,9 +131,8 @@ def _finetune_json(scenario: Scenario) -> dict:
     method = scenario.finetune
     if not method.uses_adapters:
         return {"finetune": method.method.value}
-    targets = method.lora_targets if isinstance(method.lora_targets, str) else ",".join(method.lora_targets)
     values = {"finetune": method.method.value, "lora_r": method.lora_r, "lora_alpha": method.alpha,
-              "lora_dropout": method.lora_dropout, "lora_targets": targets}
+              "lora_dropout": method.lora_dropout, "lora_targets": method.targets_text}
     if method.method is Method.QLORA:
         values.update(quant_type=method.quant_type, double_quant=method.double_quant)
     return values

@@ -44,6 +44,11 @@ class FineTune:
         return 2 * self.lora_r if self.lora_alpha is None else self.lora_alpha
 
     @property
+    def targets_text(self) -> str:
+        """The targets as a user writes them: `all-linear` or `q_proj,v_proj`."""
+        return self.lora_targets if isinstance(self.lora_targets, str) else ",".join(self.lora_targets)
+
+    @property
     def uses_adapters(self) -> bool:
         return self.method is not Method.FULL
 

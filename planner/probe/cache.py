@@ -56,9 +56,8 @@ def _finetune_parts(scenario: Scenario) -> list[str]:
     method = scenario.finetune
     if not method.uses_adapters:
         return []
-    targets = method.lora_targets if isinstance(method.lora_targets, str) else ",".join(method.lora_targets)
     return [f"{method.method.value}:r={method.lora_r}:dropout={'on' if method.lora_dropout > 0 else 'off'}"
-            f":targets={targets}", f"peft={metadata.version('peft')}"]
+            f":targets={method.targets_text}", f"peft={metadata.version('peft')}"]
 
 
 def technique_key(shape: ModelShape, scenario: Scenario) -> str:
