@@ -28,6 +28,11 @@ Sources (datasheets / whitepapers):
 `link_bytes_per_s` is the per-direction bandwidth one GPU has to its peers for a ring
 all-reduce: half the bidirectional NVLink figure, or PCIe's per-direction rate
 (Gen3 x16 ~16 GB/s, Gen4 x16 ~32 GB/s) for cards without NVLink.
+`compute_capability` (major, minor) is what `cudaDeviceProp.major/.minor` report, the
+key torch's CUDA code branches on (planner.cuda_overheads reads it for the cuBLAS
+workspace size). Source: NVIDIA's compute capability table,
+https://developer.nvidia.com/cuda-gpus (T4 7.5 Turing; A100 8.0 and A10 8.6 Ampere;
+L4 and RTX 4090 8.9 Ada Lovelace; H100 and H200 9.0 Hopper). None: not known.
 """
 
 from __future__ import annotations
@@ -64,22 +69,36 @@ class GpuSpec:
     hbm_bytes_per_s: float
     link_bytes_per_s: float  # per direction, to peers (NVLink or PCIe)
     supports_bf16: bool = True  # bf16 tensor cores; False: 16-bit means fp16 (bf16_flops is fp16's peak)
+    compute_capability: tuple[int, int] | None = None  # (major, minor), as cudaDeviceProp reports it
 
     def __post_init__(self) -> None:
         for name in ("capacity_bytes", "bf16_flops", "fp32_flops", "hbm_bytes_per_s", "link_bytes_per_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"GpuSpec.{name} must be positive, got {getattr(self, name)!r}")
+        cc = self.compute_capability
+        if cc is not None and not (isinstance(cc, tuple) and len(cc) == 2
+                                   and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in cc)
+                                   and cc[0] >= 1):
+            raise ValueError(f"GpuSpec.compute_capability must be (major, minor) integers, got {cc!r}")
 
 
 GPUS: dict[str, GpuSpec] = {g.key: g for g in (
-    GpuSpec("t4", "T4 16 GB", 15360 * MIB, 65 * TERA, 8.1 * TERA, 320 * GIGA, 16 * GIGA, supports_bf16=False),
-    GpuSpec("l4", "L4 24 GB", 23034 * MIB, 121 * TERA, 30.3 * TERA, 300 * GIGA, 32 * GIGA),
-    GpuSpec("a10", "A10 24 GB", 23028 * MIB, 125 * TERA, 31.2 * TERA, 600 * GIGA, 32 * GIGA),
-    GpuSpec("rtx4090", "RTX 4090 24 GB", 24564 * MIB, 165.2 * TERA, 82.6 * TERA, 1008 * GIGA, 32 * GIGA),
-    GpuSpec("a100-40gb", "A100 40 GB", 40960 * MIB, 312 * TERA, 19.5 * TERA, 1555 * GIGA, 300 * GIGA),
-    GpuSpec("a100-80gb", "A100 80 GB", 81920 * MIB, 312 * TERA, 19.5 * TERA, 2039 * GIGA, 300 * GIGA),
-    GpuSpec("h100", "H100 SXM 80 GB", 81559 * MIB, 989 * TERA, 67 * TERA, 3350 * GIGA, 450 * GIGA),
-    GpuSpec("h200", "H200 SXM 141 GB", 143771 * MIB, 989 * TERA, 67 * TERA, 4800 * GIGA, 450 * GIGA),
+    GpuSpec("t4", "T4 16 GB", 15360 * MIB, 65 * TERA, 8.1 * TERA, 320 * GIGA, 16 * GIGA, supports_bf16=False,
+            compute_capability=(7, 5)),
+    GpuSpec("l4", "L4 24 GB", 23034 * MIB, 121 * TERA, 30.3 * TERA, 300 * GIGA, 32 * GIGA,
+            compute_capability=(8, 9)),
+    GpuSpec("a10", "A10 24 GB", 23028 * MIB, 125 * TERA, 31.2 * TERA, 600 * GIGA, 32 * GIGA,
+            compute_capability=(8, 6)),
+    GpuSpec("rtx4090", "RTX 4090 24 GB", 24564 * MIB, 165.2 * TERA, 82.6 * TERA, 1008 * GIGA, 32 * GIGA,
+            compute_capability=(8, 9)),
+    GpuSpec("a100-40gb", "A100 40 GB", 40960 * MIB, 312 * TERA, 19.5 * TERA, 1555 * GIGA, 300 * GIGA,
+            compute_capability=(8, 0)),
+    GpuSpec("a100-80gb", "A100 80 GB", 81920 * MIB, 312 * TERA, 19.5 * TERA, 2039 * GIGA, 300 * GIGA,
+            compute_capability=(8, 0)),
+    GpuSpec("h100", "H100 SXM 80 GB", 81559 * MIB, 989 * TERA, 67 * TERA, 3350 * GIGA, 450 * GIGA,
+            compute_capability=(9, 0)),
+    GpuSpec("h200", "H200 SXM 141 GB", 143771 * MIB, 989 * TERA, 67 * TERA, 4800 * GIGA, 450 * GIGA,
+            compute_capability=(9, 0)),
 )}
 
 
