@@ -31,9 +31,10 @@ Known limitations:
 - NCCL's memory depends on the NCCL version, the channels it picks for the links
   (NVLink, PCIe, network), the algorithms a run uses and NCCL_BUFFSIZE; the figures are
   published totals per communicator, not derived from NCCL's allocation code.
-- Torch after 2.13 (main in late 2026) makes cuBLAS workspace caching opt-in
-  (TORCH_CUBLAS_WORKSPACE_CACHE); without it cuBLAS uses its own default workspace,
-  allocated outside the caching allocator. The items follow torch 2.13.
+- A later CublasHandlePool.cpp than torch 2.13's (with TORCH_CUBLAS_WORKSPACE_CACHE, not
+  in 2.13's headers) makes workspace caching opt-in; without it cuBLAS uses its own
+  default workspace, allocated outside the caching allocator. The items follow torch 2.13
+  (the version read is the one whose declarations match 2.13's ATen/cuda/CUDAContextLight.h).
 - The driver's reservation is known for the H100 80 GB only (from two published readings);
   for the other GPUs it is not itemised (no published figure), and the capacity is the
   driver's total as `nvidia-smi` reports it (planner.gpus).
@@ -218,7 +219,8 @@ CUBLAS_32MIB_BYTES = 4096 * 8 * KIB  # 32 MiB
 # "one handle per host thread"), and the autograd engine runs a device's backward on its own
 # thread ("a thread per CUDA device", torch/csrc/autograd/engine.cpp, Note [Allocating GPUs
 # to autograd threads]). Forward and backward use one stream, the current one. So a step
-# uses two (handle, stream) keys: the main thread's (forward, loss, recomputation outside
+# uses two (handle, stream) keys (two workspaces also with per-thread workspace maps,
+# pytorch/pytorch#180283): the main thread's (forward, loss, recomputation outside
 # autograd) and the autograd device thread's (backward, with checkpointing's recompute).
 # The optimizer step (foreach/fused kernels), DDP's reducer and FSDP's collectives call no
 # cuBLAS routine.
