@@ -127,8 +127,14 @@ def test_blocks_of_different_segments_never_merge():
     """try_merge_blocks only follows a block's prev/next within its segment: two freed
     10 MiB segments (adjacent in the model's address space) stay two 10 MiB blocks, and
     a 20 MiB request opens a third segment."""
-    a = run([("x", 10 * MiB), ("y", 10 * MiB), ("x", FREE), ("y", FREE), ("z", 20 * MiB)])
+    trace = [("x", 10 * MiB), ("y", 10 * MiB), ("x", FREE), ("y", FREE), ("z", 20 * MiB)]
+    a = run(trace)
     assert a.reserved_bytes == 10 * MiB + 10 * MiB + 20 * MiB and a.segments == 3
+    # allocated first peaks (20 MiB) before z's segment is reserved
+    result = replay(trace)
+    assert result.peak_allocated_bytes == 10 * MiB + 10 * MiB
+    assert result.reserved_at_peak_allocated_bytes == 10 * MiB + 10 * MiB
+    assert result.peak_reserved_bytes == 10 * MiB + 10 * MiB + 20 * MiB
 
 
 def test_allocation_order_changes_reserved_memory():
@@ -259,6 +265,20 @@ def test_expandable_segments_fit_where_split_segments_run_out():
     assert not result.out_of_memory
     assert result.reserved_bytes == 20 * MiB + 20 * MiB
     assert result.allocated_bytes == 4 * MiB + 4 * MiB + 24 * MiB - 4 * MiB
+
+
+def test_expandable_best_fit_passes_over_the_growable_tail():
+    """get_free_block with expandable segments: a free block followed by unmapped space
+    ranks at the size it could grow to, so a 3 MiB request skips the 4 MiB tail and is
+    carved from the 12 MiB hole; a later 10 MiB request then fits neither the 9 MiB
+    left nor the tail, and one more 20 MiB page is mapped behind the tail."""
+    a = run([("a", 12 * MiB), ("b", 4 * MiB), ("a", FREE), ("c", 3 * MiB)],
+            expandable_segments=True)
+    assert a.reserved_bytes == 20 * MiB
+    a.malloc("d", 10 * MiB)
+    a.check_invariants()
+    assert a.reserved_bytes == 20 * MiB + 20 * MiB
+    assert a.allocated_bytes == 4 * MiB + 3 * MiB + 10 * MiB
 
 
 def test_expandable_free_keeps_pages_until_empty_cache():
