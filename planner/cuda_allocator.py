@@ -1,10 +1,12 @@
 """A model of PyTorch's CUDA caching allocator that replays an allocation trace and
 reports what `torch.cuda.max_memory_allocated` / `max_memory_reserved` would read.
 
-Written from c10/cuda/CUDACachingAllocator.cpp (pytorch main, the DeviceCachingAllocator
-that torch 2.13 ships) and c10/core/AllocatorConfig.h (the constants and option defaults,
-as installed with torch 2.13). Pure Python, no torch import. One device, one stream.
-Every rule below names the source function it follows.
+Written from c10/cuda/CUDACachingAllocator.cpp (DeviceCachingAllocator, a current copy of
+pytorch main that reads AcceleratorAllocatorConfig::large_segment_size() and
+max_non_split_rounding_size(), the API the torch 2.13 headers installed here declare) and
+c10/core/AllocatorConfig.h as installed with torch 2.13 (the constants and option
+defaults). Pure Python, no torch import. One device, one stream. Every rule below names
+the source function it follows.
 
 Interface
 ---------
@@ -27,7 +29,9 @@ For finer control, `CachingAllocator(settings, capacity_bytes=None)` is the stat
 model: `malloc(key, nbytes)`, `free(key)`, `reset_peak_stats()`, `empty_cache()`,
 `replay(events)`, properties `allocated_bytes`, `reserved_bytes`,
 `peak_allocated_bytes`, `peak_reserved_bytes`, `reserved_at_peak_allocated_bytes`,
-`reserved_bytes_small_pool` / `reserved_bytes_large_pool`, `segments`. `malloc` raises
+`reserved_bytes_small_pool` / `reserved_bytes_large_pool`, `segments` (cudaMalloc'd),
+`expandable_segments`, `live_keys()`,
+and `check_invariants()` (an O(blocks) consistency check for tests). `malloc` raises
 `CudaOutOfMemoryError` where torch would raise `torch.OutOfMemoryError`.
 
 Rules modelled (source function in CUDACachingAllocator.cpp unless said otherwise)
@@ -172,7 +176,8 @@ class ReplayResult:
     reserved_at_peak_allocated_bytes: int  # reserved when allocated first hit its peak
     allocated_bytes: int  # memory_allocated at the end (or at the OOM)
     reserved_bytes: int  # memory_reserved at the end (or at the OOM)
-    segments: int  # live cudaMalloc segments plus live expandable segments
+    segments: int  # live cudaMalloc segments (memory_stats "segment.all.current")
+    expandable_segments: int  # live expandable segments (0 without the option)
     events_replayed: int  # events completed before the end or the OOM
     out_of_memory: bool
     oom_event_index: int | None = None  # index into prefix + events * repeats
@@ -314,7 +319,17 @@ class CachingAllocator:
 
     @property
     def segments(self) -> int:
-        return self._cuda_segments + self._expandable_segments
+        """Live cudaMalloc segments, as memory_stats()["segment.all.current"] counts them
+        (alloc_block / release_block; mapping pages of an expandable segment is not a
+        segment there)."""
+        return self._cuda_segments
+
+    @property
+    def expandable_segments(self) -> int:
+        """Live expandable segments (find_expandable_block / release_expandable_segment).
+        One whose first mapping failed stays, with nothing mapped: release_blocks only
+        visits segments with a free mapped block."""
+        return self._expandable_segments
 
     def live_keys(self) -> list[Hashable]:
         return list(self._live) + list(self._empty)
@@ -763,6 +778,7 @@ def replay(events: Sequence[tuple[Hashable, int]], *, prefix: Sequence[tuple[Has
         allocated_bytes=allocator.allocated_bytes,
         reserved_bytes=allocator.reserved_bytes,
         segments=allocator.segments,
+        expandable_segments=allocator.expandable_segments,
         events_replayed=done,
         out_of_memory=oom is not None,
         oom_event_index=None if oom is None else oom.event_index,

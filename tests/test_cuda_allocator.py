@@ -244,7 +244,7 @@ def test_expandable_segments_reserve_whole_pages():
     assert a.reserved_bytes == 2 * 20 * MiB and a.allocated_bytes == 21 * MiB
     a.malloc("y", 5 * MiB)
     assert a.reserved_bytes == 2 * 20 * MiB and a.allocated_bytes == 21 * MiB + 5 * MiB
-    assert a.segments == 1
+    assert a.expandable_segments == 1 and a.segments == 0
 
 
 def test_expandable_segments_avoid_the_new_segment_for_a_slightly_larger_request():
@@ -292,7 +292,7 @@ def test_expandable_free_keeps_pages_until_empty_cache():
     a.free("q")
     a.empty_cache()
     a.check_invariants()
-    assert a.reserved_bytes == 0 and a.segments == 0
+    assert a.reserved_bytes == 0 and a.expandable_segments == 0
 
 
 # --- steady state ------------------------------------------------------------------
@@ -410,6 +410,21 @@ def test_released_cache_replays_like_a_fresh_allocator(ops, config):
 
     first = counters()
     allocator.empty_cache()
-    assert allocator.reserved_bytes == 0 and allocator.segments == 0
+    assert allocator.reserved_bytes == 0
+    assert allocator.segments == 0 and allocator.expandable_segments == 0
     assert counters() == first
     allocator.check_invariants()
+
+
+def test_expandable_oom_on_the_first_mapping_leaves_an_empty_segment():
+    """find_expandable_block opens the segment before map_block tries cuMemCreate; when
+    that fails the segment stays with nothing mapped (release_blocks only visits free
+    mapped blocks), and is reused by the next request."""
+    a = CachingAllocator(AllocatorSettings(expandable_segments=True), capacity_bytes=30 * MiB)
+    with pytest.raises(CudaOutOfMemoryError):
+        a.malloc("x", 30 * MiB)  # two 20 MiB pages > 30 MiB
+    a.check_invariants()
+    assert a.reserved_bytes == 0 and a.expandable_segments == 1
+    a.malloc("y", 12 * MiB)
+    a.check_invariants()
+    assert a.reserved_bytes == 20 * MiB and a.expandable_segments == 1
