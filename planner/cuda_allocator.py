@@ -15,7 +15,7 @@ hashable; a key must be freed before it is allocated again), `nbytes == FREE` (-
 frees `key`. `Alloc(key, nbytes)` and `Free(key)` build the same tuples.
 
     replay(events, *, prefix=(), repeats=1, expandable_segments=False,
-           capacity_bytes=None, max_split_size_bytes=None,
+           capacity_bytes=None, allowed_memory_bytes=None, max_split_size_bytes=None,
            roundup_power2_divisions=None) -> ReplayResult
 
 replays `prefix` once (model load: weights, optimizer state), then `events` `repeats`
@@ -24,8 +24,13 @@ it, as `torch.cuda.reset_peak_memory_stats()` would be): `repeats=2` gives the s
 state of a training step. `capacity_bytes` is what cudaMalloc can still get on the card
 (None: unlimited); a request that cannot be met after the allocator has released its
 cache ends the replay with `out_of_memory=True` and the index of that event.
+`allowed_memory_bytes` is the limit `torch.cuda.set_per_process_memory_fraction` sets
+(allowed_memory_maximum), which torch checks differently: against the segment size a
+request would cudaMalloc, even with expandable segments, whose page mapping can then
+pass the limit by up to a page.
 
-For finer control, `CachingAllocator(settings, capacity_bytes=None)` is the stateful
+For finer control, `CachingAllocator(settings, capacity_bytes=None,
+allowed_memory_bytes=None)` is the stateful
 model: `malloc(key, nbytes)`, `free(key)`, `reset_peak_stats()`, `empty_cache()`,
 `replay(events)`, properties `allocated_bytes`, `reserved_bytes`,
 `peak_allocated_bytes`, `peak_reserved_bytes`, `reserved_at_peak_allocated_bytes`,
@@ -54,10 +59,12 @@ Rules modelled (source function in CUDACachingAllocator.cpp unless said otherwis
   > 1 MiB. An unsplit block counts its whole size as allocated (`alloc_found_block`).
 - Freeing merges the block with free neighbours of its own segment
   (`free_block` / `try_merge_blocks`); blocks of different segments never merge.
-- When no cached block fits (`malloc`): cudaMalloc a new segment (`alloc_block`); if the
-  card is full, release oversize cached blocks when max_split_size is set
-  (`release_available_cached_blocks`), retry; then release every unsplit cached segment
-  (`release_cached_blocks` / `release_blocks` / `release_block`), retry; then OOM.
+- When no cached block fits (`malloc`): cudaMalloc a new segment (`alloc_block`, which
+  first refuses when reserved + the segment size would pass allowed_memory_maximum, the
+  per-process memory fraction); if that fails, release oversize cached blocks when
+  max_split_size is set (`release_available_cached_blocks`), retry; then release every
+  unsplit cached segment (`release_cached_blocks` / `release_blocks` /
+  `release_block`), retry; then OOM.
   `empty_cache()` is `release_cached_blocks` (`emptyCache`).
 - Expandable segments (`expandable_segments:True`): one segment per pool grows by
   mapping pages, kSmallBuffer (2 MiB) pages for the small pool and large_segment_size
@@ -75,9 +82,9 @@ Rules modelled (source function in CUDACachingAllocator.cpp unless said otherwis
 Known limitations
 -----------------
 One device, one stream: no record_stream / cross-stream events, no CUDA graph or
-`torch.cuda.MemPool` private pools, no per-process memory fraction and so no
-garbage_collection_threshold (torch runs that collector only with a fraction set), no
-free-memory callbacks. The address cudaMalloc returns is modelled as a bump pointer
+`torch.cuda.MemPool` private pools, no garbage_collection_threshold (torch runs that
+collector only with a memory fraction set; its default is off), no free-memory
+callbacks. The address cudaMalloc returns is modelled as a bump pointer
 (new segments sit above all earlier ones; freed address ranges are not reused), which
 only decides ties between equal-size free blocks. An expandable segment's address space
 is unbounded here (torch reserves 1 1/8 of the device's memory and opens a second
@@ -266,9 +273,12 @@ class CachingAllocator:
     """The stateful model of one device's DeviceCachingAllocator on one stream."""
 
     def __init__(self, settings: AllocatorSettings | None = None, *,
-                 capacity_bytes: int | None = None):
+                 capacity_bytes: int | None = None, allowed_memory_bytes: int | None = None):
         if capacity_bytes is not None and capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
+        if allowed_memory_bytes is not None and allowed_memory_bytes < 0:
+            raise ValueError("allowed_memory_bytes must be >= 0")
+        self.allowed_memory_bytes = allowed_memory_bytes
         self.settings = settings if settings is not None else AllocatorSettings()
         self.capacity_bytes = capacity_bytes
         self._expandable = self.settings.expandable_segments
@@ -485,7 +495,12 @@ class CachingAllocator:
 
     def _alloc_block(self, pool: _Pool, size: int, alloc_size: int) -> _Block | None:
         # alloc_block: a new cudaMalloc segment of alloc_size, or with expandable segments
-        # a mapping of `size` bytes (try_allocate_expandable_block).
+        # a mapping of `size` bytes (try_allocate_expandable_block). The per-process limit
+        # (set_fraction: total_allocated_memory + alloc_size > allowed_memory_maximum) is
+        # checked first, with alloc_size in both cases.
+        allowed = self.allowed_memory_bytes
+        if allowed is not None and self._reserved + alloc_size > allowed:
+            return None
         if self._expandable:
             return self._try_allocate_expandable_block(pool, size)
         capacity = self.capacity_bytes
@@ -748,7 +763,8 @@ class CachingAllocator:
 
 def replay(events: Sequence[tuple[Hashable, int]], *, prefix: Sequence[tuple[Hashable, int]] = (),
            repeats: int = 1, expandable_segments: bool = False,
-           capacity_bytes: int | None = None, max_split_size_bytes: int | None = None,
+           capacity_bytes: int | None = None, allowed_memory_bytes: int | None = None,
+           max_split_size_bytes: int | None = None,
            roundup_power2_divisions: int | None = None) -> ReplayResult:
     """Replay `prefix` once, then `events` `repeats` times through a fresh allocator;
     peaks are read over the last repetition (reset_peak_stats before it)."""
@@ -759,7 +775,8 @@ def replay(events: Sequence[tuple[Hashable, int]], *, prefix: Sequence[tuple[Has
         max_split_size_bytes=max_split_size_bytes,
         roundup_power2_divisions=roundup_power2_divisions,
     )
-    allocator = CachingAllocator(settings, capacity_bytes=capacity_bytes)
+    allocator = CachingAllocator(settings, capacity_bytes=capacity_bytes,
+                                 allowed_memory_bytes=allowed_memory_bytes)
     done = 0
     oom: CudaOutOfMemoryError | None = None
     try:

@@ -428,3 +428,19 @@ def test_expandable_oom_on_the_first_mapping_leaves_an_empty_segment():
     a.malloc("y", 12 * MiB)
     a.check_invariants()
     assert a.reserved_bytes == 20 * MiB and a.expandable_segments == 1
+
+
+def test_memory_fraction_checks_the_segment_size_even_when_expandable():
+    """alloc_block with set_per_process_memory_fraction: the limit is checked against
+    reserved + alloc_size (get_allocation_size) before any mapping, so with expandable
+    segments a 21 MiB request (alloc_size 22 MiB) passes a 30 MiB limit and then maps two
+    20 MiB pages, 40 MiB; a 4 MiB request under a 19 MiB limit fails (alloc_size 20 MiB)
+    though its page would be 20 MiB either way, and so does it without the option."""
+    over = replay([("x", 21 * MiB)], expandable_segments=True, allowed_memory_bytes=30 * MiB)
+    assert not over.out_of_memory and over.reserved_bytes == 2 * 20 * MiB
+    capped = replay([("x", 21 * MiB)], expandable_segments=True, capacity_bytes=30 * MiB)
+    assert capped.out_of_memory and capped.reserved_bytes == 0
+    for expandable in (False, True):
+        small = replay([("y", 4 * MiB)], expandable_segments=expandable,
+                       allowed_memory_bytes=19 * MiB)
+        assert small.out_of_memory and small.oom_event_index == 0
