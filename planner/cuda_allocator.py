@@ -30,14 +30,13 @@ request would cudaMalloc, even with expandable segments, whose page mapping can 
 pass the limit by up to a page.
 
 For finer control, `CachingAllocator(settings, capacity_bytes=None,
-allowed_memory_bytes=None)` is the stateful
-model: `malloc(key, nbytes)`, `free(key)`, `reset_peak_stats()`, `empty_cache()`,
-`replay(events)`, properties `allocated_bytes`, `reserved_bytes`,
-`peak_allocated_bytes`, `peak_reserved_bytes`, `reserved_at_peak_allocated_bytes`,
-`reserved_bytes_small_pool` / `reserved_bytes_large_pool`, `segments` (cudaMalloc'd),
-`expandable_segments`, `live_keys()`,
-and `check_invariants()` (an O(blocks) consistency check for tests). `malloc` raises
-`CudaOutOfMemoryError` where torch would raise `torch.OutOfMemoryError`.
+allowed_memory_bytes=None)` is the stateful model: `malloc(key, nbytes)`, `free(key)`,
+`reset_peak_stats()`, `empty_cache()`, `replay(events)`; properties `allocated_bytes`,
+`reserved_bytes`, `peak_allocated_bytes`, `peak_reserved_bytes`,
+`reserved_at_peak_allocated_bytes`, `reserved_bytes_small_pool` /
+`reserved_bytes_large_pool`, `segments` (cudaMalloc'd), `expandable_segments`;
+`live_keys()` and `check_invariants()` (an O(blocks) consistency check for tests).
+`malloc` raises `CudaOutOfMemoryError` where torch would raise torch.OutOfMemoryError.
 
 Rules modelled (source function in CUDACachingAllocator.cpp unless said otherwise)
 ------------------------------------------------------------------------------
@@ -92,7 +91,8 @@ segment when it runs out). cudaMalloc is assumed to succeed exactly when the res
 total plus the request fits `capacity_bytes`; the driver's own granularity, the CUDA
 context and other processes are outside this model (the caller subtracts them from the
 capacity). Per-interval roundup_power2_divisions lists are not modelled. Nothing here
-has been checked against a GPU yet.
+has been checked against a GPU yet: benchmarks/allocator_gpu_check.py is the prepared
+check (every event's memory_allocated / memory_reserved against real torch).
 """
 
 from __future__ import annotations
