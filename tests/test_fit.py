@@ -261,8 +261,29 @@ def test_report_carries_the_fit_finders_best_options(tmp_path):
                          with_max_seq_len=False).options
     assert report["what_fits"], "a 124M model fits 24 GiB"
     assert [row["peak (bytes)"] for row in report["what_fits"]] == [o.peak_bytes for o in expected[:10]]
+    assert report["what_fits"][0]["changes"] == "none (your plan)"  # the plan itself fits 24 GiB
+    assert [row["changes"] for row in report["what_fits"][1:]] == [
+        "; ".join(c.text for c in o.changes) for o in expected[1:10]]
+    assert report["what_fits_nearest"] == []
     markdown = write_report(values, tmp_path / "plan.md").read_text()
-    assert "## What fits" in markdown
+    assert "## What fits" in markdown and "| changes | risks |" in markdown
+
+
+def test_report_lists_the_nearest_plans_when_nothing_fits(tmp_path):
+    from reporting import write_report
+
+    values = {"config": "gpt2", "task": "causal-lm", "batch_size": 4, "seq_len": 512, "gpu": "0.5"}
+    report = json.loads(write_report(values, tmp_path / "plan.json").read_text())
+    shape = load_model_shape("gpt2", Task.CAUSAL_LM)
+    assert report["what_fits"] == [] and report["what_fits_nearest"]
+    for row in report["what_fits_nearest"]:
+        plan = scenario_from_values(task="causal-lm", batch_size=row["micro-batch"], seq_len=512,
+                                    optimizer=row["optimizer"], precision=row["precision"],
+                                    gradient_checkpointing=row["checkpointing"], grad_accum=row["accumulation"])
+        assert row["over by (bytes)"] == estimate(shape, plan).peak_bytes - GIB // 2 > 0
+    assert any(line.startswith("LoRA plans left out") for line in report["what_fits_left_out"])
+    markdown = write_report(values, tmp_path / "plan.md").read_text()
+    assert "The nearest plans" in markdown and "| over by (%) |" in markdown
 
 
 def test_sharding_makes_a_7b_model_fit_where_ddp_cannot():
