@@ -66,6 +66,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable
+from typing import NamedTuple
 
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
@@ -253,8 +254,8 @@ def _ckpt_text(scenario: Scenario) -> str:
 
 def plan_changes(own: Scenario, own_strategy: Strategy, plan: Scenario, strategy: Strategy,
                  own_split: tuple[int, int] | None) -> tuple[Change, ...]:
-    """The changes that turn the user's plan (`own` under `own_strategy`) into `plan` under
-    `strategy`, most costly first. `own_split`: the user's (micro-batch, accumulation) when
+    """The changes that turn the user's plan (`own` under `own_strategy`) into `plan` (a
+    Scenario, or anything with its technique fields) under `strategy`, most costly first. `own_split`: the user's (micro-batch, accumulation) when
     the target keeps their effective batch (a different split is then a change), else None."""
     changes = []
     if _method_text(own) != _method_text(plan):
@@ -500,25 +501,25 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
                     for checkpointing in SEARCH_CHECKPOINTING:
                         for k in accumulations:
                             combinations += 1
-                            combo = dataclasses.replace(base, finetune=finetune, optimizer=optimizer,
-                                                        precision=precision, checkpointing=checkpointing,
-                                                        grad_accum_steps=min(k, 2))
                             micro = per_device // k if per_device is not None else None
-                            probe = dataclasses.replace(combo, grad_accum_steps=k)
-                            changes = plan_changes(own, own_strategy, probe if micro is None else
-                                                   _at(probe, micro), plan_strategy, own_split)
+                            # Fields only (no Scenario built) until the combination is searched.
+                            probe = _Combo(finetune, optimizer, precision, checkpointing, micro or 1, k)
+                            changes = plan_changes(own, own_strategy, probe, plan_strategy, own_split)
                             if not allow_risky and any(c.risk is not None for c in changes):
                                 risky_left_out += 1
                                 continue
                             key = (plan_strategy, finetune, optimizer, precision, checkpointing, min(k, 2))
                             if key not in largest:
+                                combo = probe.scenario(base, batch_size=1, grad_accum_steps=min(k, 2))
                                 largest[key] = max_batch_size(shape, combo, capacity_bytes, plan=parallel)
                             best = largest[key]
                             if best is None or (micro is not None and micro > best):
-                                misses.setdefault(key[:5], []).append((probe, micro or 1, changes))
+                                misses.setdefault(key[:5], []).append((probe, changes))
                                 continue
                             micro = best if micro is None else micro
-                            plan = dataclasses.replace(combo, batch_size=micro, grad_accum_steps=k)
+                            plan = probe.scenario(base, batch_size=micro)
+                            if per_device is None:  # the largest batch: its micro-batch is found, not asked for
+                                changes = plan_changes(own, own_strategy, plan, plan_strategy, own_split)
                             result = parallel_estimate(shape, plan, parallel)
                             seq = (max_seq_len(shape, plan, capacity_bytes, known_fit=plan.seq_len,
                                                plan=parallel) if with_max_seq_len else None)
@@ -531,7 +532,7 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
     by_sequence = target.batch_size is None and target.effective_batch is None
     options.sort(key=lambda o: (change_rank(o.changes), o.seconds_per_sequence if by_sequence else o.step_time_s,
                                 o.peak_bytes))
-    nearest = () if options else _nearest(shape, misses, capacity_bytes, num_devices)
+    nearest = () if options else _nearest(shape, base, misses, capacity_bytes, num_devices)
     notes = [f"step times assume {gpu.label} throughput at {utilisation:.0%} utilisation (planner.step_time)"]
     if risky_left_out:
         notes.append(f"{risky_left_out} combinations left out: they change the plan in ways that risk model "
@@ -551,24 +552,37 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
                      risky_left_out, nearest, tuple(left_out))
 
 
-def _at(scenario: Scenario, micro: int) -> Scenario:
-    """`scenario` at micro-batch `micro`, or unchanged when no Scenario can hold it (too large)."""
-    try:
-        return dataclasses.replace(scenario, batch_size=micro)
-    except PlannerInputError:
-        return scenario
+class _Combo(NamedTuple):
+    """A combination's technique fields, cheap to make: the Scenario is built only when searched."""
+
+    finetune: FineTune
+    optimizer: Optimizer
+    precision: Precision
+    checkpointing: Checkpointing
+    batch_size: int
+    grad_accum_steps: int
+
+    def scenario(self, base: Scenario, **overrides) -> Scenario:
+        fields = {**self._asdict(), **overrides}
+        return dataclasses.replace(base, **fields)
 
 
-def _nearest(shape: ModelShape, misses: dict, capacity_bytes: int, num_devices: int) -> tuple[NearMiss, ...]:
+def _nearest(shape: ModelShape, base: Scenario, misses: dict, capacity_bytes: int,
+             num_devices: int) -> tuple[NearMiss, ...]:
     """Per combination, the split of the target with the lowest per-GPU peak; the
     NEAREST_SHOWN nearest to the capacity, safest first among equal misses."""
     found = []
     for (plan_strategy, *_), tries in misses.items():
         parallel = ParallelPlan(num_devices, plan_strategy)
+        # The peak grows with the micro-batch among splits that accumulate (K >= 2): only the
+        # one without accumulation and the finest split can be lowest.
+        accumulating = [t for t in tries if t[0].grad_accum_steps > 1]
+        lowest_candidates = [t for t in tries if t[0].grad_accum_steps == 1] + (
+            [max(accumulating, key=lambda t: t[0].grad_accum_steps)] if accumulating else [])
         best = None
-        for probe, micro, changes in tries:
+        for probe, changes in lowest_candidates:
             try:
-                plan = dataclasses.replace(probe, batch_size=micro)
+                plan = probe.scenario(base)
             except PlannerInputError:  # a micro-batch beyond any real step: no estimate to show
                 continue
             peak = _peak_or_none(shape, plan, parallel)
