@@ -437,6 +437,11 @@ def _adapter_methods(shape: ModelShape, base: Scenario, num_devices: int, lora: 
         except PlannerInputError as error:
             left_out.append(f"{label} plans left out: {error}")
             continue
+        except Exception as error:  # noqa: BLE001 - a bug in building the adapters must not cost the full plans
+            # Seen: PEFT refusing all-linear on DistilBERT's classifier (modules_to_save, a TypeError).
+            left_out.append(f"{label} plans left out: the estimate failed ({type(error).__name__}: "
+                            f"{str(error)[:200]})")
+            continue
         if num_devices > 1:
             left_out.append(f"{label} plans left out: the multi-GPU planner models full fine-tuning only "
                             "(plan LoRA on one device)")
