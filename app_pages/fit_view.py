@@ -1,17 +1,16 @@
 """The "What fits" page's plain logic, with no Streamlit: the fit finder's target and GPU
-from the sidebar, its options as table rows, and an option as the sidebar values that
-"apply this plan" writes back."""
+from the sidebar, and an option as the sidebar values that "apply this plan" writes back.
+The table rows are reporting.fit_table's, shared with the report."""
 
 from __future__ import annotations
 
 import enum
 
 from app_pages.inputs import CUSTOM_GPU, SidebarValues
-from planner.fit import FitOption, FitResult, FitTarget
+from planner.fit import FitOption, FitTarget
 from planner.gpus import GPUS, GpuSpec, nearest_gpu
 from planner.scenario import Checkpointing
 from planner.strategy import Strategy
-from planner.units import format_bytes
 
 
 class TargetKind(enum.Enum):
@@ -62,20 +61,10 @@ def option_label(rank: int, option: FitOption) -> str:
             f"{s.batch_size} x {s.grad_accum_steps} accumulation")
 
 
-def fit_rows(result: FitResult) -> list[dict]:
-    """One row per option, best first, raw numbers plus the peak in binary units."""
-    rows = []
-    for rank, option in enumerate(result.options, 1):
-        j = option.to_json()
-        rows.append({
-            "rank": rank, "optimizer": j["optimizer"], "precision": j["precision"],
-            "checkpointing": j["gradient_checkpointing"], "micro-batch": j["batch_size"],
-            "accumulation": j["grad_accum"], "strategy": j["strategy"],
-            "largest micro-batch": j["max_batch_size"], "largest sequence": j["max_seq_len"],
-            "peak": format_bytes(j["peak_bytes"]), "peak (bytes)": j["peak_bytes"],
-            "step time (s)": j["step_time_s"], "tokens/s": j["tokens_per_s"],
-        })
-    return rows
+def appliable(option: FitOption) -> bool:
+    """Whether "apply this plan" can write `option` into the sidebar, which has no
+    fine-tuning method yet: full fine-tuning plans only."""
+    return not option.scenario.finetune.uses_adapters
 
 
 def plan_state(option: FitOption) -> dict:

@@ -1,40 +1,65 @@
 """The What fits page: every technique combination that fits the sidebar's GPU and
-reaches a target batch, ranked by estimated step time (planner.fit, planner.step_time),
-a chart of peak against step time with the capacity line, and "apply this plan", which
-writes the chosen combination into the shared sidebar controls.
+reaches a target batch, ranked by the fewest and safest changes to the sidebar's plan,
+then by estimated step time (planner.fit, planner.step_time), a chart of peak against step
+time with the capacity line, and "apply this plan", which writes the chosen combination
+into the shared sidebar controls. Changes that risk model quality are left out unless the
+checkbox allows them; when nothing fits, the nearest plans and how far over each is.
 
-Layout only: numbers come from planner.fit and app_pages.fit_view.
+Layout only: numbers come from planner.fit, the rows from reporting.fit_table.
 """
 
 import streamlit as st
 
 from app_pages.figures import fit_options_figure
-from app_pages.fit_view import TARGET_LABELS, TargetKind, fit_rows, gpu_for, option_label, plan_state, target_for
+from app_pages.fit_view import (
+    TARGET_LABELS,
+    TargetKind,
+    appliable,
+    gpu_for,
+    option_label,
+    plan_state,
+    target_for,
+)
 from app_pages.page_context import start_page
 from planner.errors import PlannerInputError
 from planner.fit import FIT_ERROR_MARGIN, find_fits
 from planner.step_time import DEFAULT_UTILISATION
 from planner.units import format_bytes
+from reporting.fit_table import changes_text, fit_rows, nearest_rows, risks_text
 
-
-# Thirteen columns share the page's width (about 1,000 px in a 1,440 px window): widths in
-# pixels and short headers (full names in their help), so none is cut off at the right edge.
+# Fifteen columns share the page's width (about 980 px beside the sidebar in a 1,440 px
+# window): widths in pixels and short headers (full names in their help), so none is cut
+# off at the right edge; the raw peak bytes are hidden (the report keeps them).
+_COMMON_COLUMNS = {
+    "rank": st.column_config.NumberColumn("#", width=30, help="rank, best first"),
+    "changes": st.column_config.TextColumn("changes", width=140,
+                                           help="what this plan changes in yours, costliest first"),
+    "risks": st.column_config.TextColumn("risks", width=70, help="changes that risk model quality, in words"),
+    "method": st.column_config.TextColumn("method", width=55, help="fine-tuning method"),
+    "optimizer": st.column_config.TextColumn("optimizer", width=80),
+    "precision": st.column_config.TextColumn("precision", width=75),
+    "checkpointing": st.column_config.CheckboxColumn("ckpt", width=40, help="gradient checkpointing"),
+    "micro-batch": st.column_config.NumberColumn("micro", width=45, help="sequences per micro-batch"),
+    "accumulation": st.column_config.NumberColumn("accum", width=45, help="gradient accumulation steps"),
+    "strategy": st.column_config.TextColumn("strategy", width=95),
+    "peak": st.column_config.TextColumn("peak", width=75, help="estimated peak per GPU, binary units"),
+    "peak (bytes)": None,
+}
 FIT_COLUMNS = {
-    "rank": st.column_config.NumberColumn("#", width=40, help="rank, best first"),
-    "optimizer": st.column_config.TextColumn("optimizer", width=95),
-    "precision": st.column_config.TextColumn("precision", width=95),
-    "checkpointing": st.column_config.CheckboxColumn("ckpt", width=45, help="gradient checkpointing"),
-    "micro-batch": st.column_config.NumberColumn("micro", width=55, help="sequences per micro-batch"),
-    "accumulation": st.column_config.NumberColumn("accum", width=55, help="gradient accumulation steps"),
-    "strategy": st.column_config.TextColumn("strategy", width=125),
-    "largest micro-batch": st.column_config.NumberColumn("max micro", width=75, help="largest micro-batch that fits"),
-    "largest sequence": st.column_config.NumberColumn("max seq", width=65,
+    **_COMMON_COLUMNS,
+    "largest micro-batch": st.column_config.NumberColumn("max micro", width=60, help="largest micro-batch that fits"),
+    "largest sequence": st.column_config.NumberColumn("max seq", width=55,
                                                       help="largest sequence length (tokens) that fits"),
-    "peak": st.column_config.TextColumn("peak", width=85, help="estimated peak per GPU, binary units"),
-    "peak (bytes)": st.column_config.NumberColumn("peak bytes", format="localized", width=105),
-    "step time (s)": st.column_config.NumberColumn("step (s)", format="%.3f", width=60,
+    "step time (s)": st.column_config.NumberColumn("step (s)", format="%.3f", width=55,
                                                    help="estimated time per optimizer step, seconds"),
-    "tokens/s": st.column_config.NumberColumn("tokens/s", format="%.0f", width=70),
+    "tokens/s": st.column_config.NumberColumn("tokens/s", format="%.0f", width=60),
+}
+NEAREST_COLUMNS = {
+    **_COMMON_COLUMNS,
+    "over by": st.column_config.TextColumn("over by", width=75, help="peak minus the capacity per GPU"),
+    "over by (bytes)": None,
+    "over by (%)": st.column_config.NumberColumn("over %", format="%.1f", width=60,
+                                                 help="over the capacity, percent of it"),
 }
 
 
@@ -59,10 +84,14 @@ def render() -> None:
     utilisation = utilisation_column.slider("Utilisation (MFU)", min_value=0.05, max_value=1.0,
                                             value=DEFAULT_UTILISATION, step=0.05, key="fit_utilisation",
                                             help="Share of the GPU's peak FLOP/s a large micro-batch reaches.")
+    allow_risky = st.checkbox("Allow changes that risk model quality", value=False, key="fit_allow_risky",
+                              help="Pure bf16 (no fp32 master weights) and SGD for a language model: "
+                                   "proposed only when allowed, labelled, and ranked after every safe plan.")
     gpu = gpu_for(values, capacity)
     try:
         target = target_for(values, kind)
-        result = find_fits(shape, context.scenario, capacity, target, gpu, values.gpu_count, utilisation)
+        result = find_fits(shape, context.scenario, capacity, target, gpu, values.gpu_count, utilisation,
+                           allow_risky=allow_risky, strategy=context.parallel.strategy)
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")
         return
@@ -73,7 +102,11 @@ def render() -> None:
                 f"{values.gpu_count} x {format_bytes(capacity)} at {target.seq_len:,} tokens, {wanted}; "
                 f"ranked by {result.ranked_by}.")
     if not result.options:
-        st.warning("Nothing fits: try a larger GPU, a shorter sequence or a smaller batch.", icon=":material/block:")
+        st.warning("Nothing fits: try a larger GPU, a shorter sequence or a smaller batch. The nearest plans, "
+                   "and how far over the capacity per GPU each is:", icon=":material/block:")
+        if result.nearest:
+            st.dataframe(nearest_rows(result), hide_index=True, key="fit_nearest", column_config=NEAREST_COLUMNS)
+        _captions(result)
         return
 
     st.dataframe(fit_rows(result), hide_index=True, key="fit_table", column_config=FIT_COLUMNS)
@@ -82,14 +115,25 @@ def render() -> None:
     # The labels themselves are the choices (not their positions): after a sidebar change
     # re-ranks the plans, a remembered label that no longer names an option resets the box
     # to the new first plan, in the browser too, so the box shows what Apply applies.
-    by_label = {option_label(rank, option): option for rank, option in enumerate(result.options, 1)}
-    chosen = by_label[st.selectbox("Plan to apply", list(by_label), key="fit_choice")]
-    st.button("Apply this plan", type="primary", key="fit_apply", on_click=_apply,
-              args=(plan_state(chosen),))
-    for note in result.notes:
-        st.caption(note)
+    by_label = {option_label(rank, option): option for rank, option in enumerate(result.options, 1)
+                if appliable(option)}
+    if by_label:
+        chosen = by_label[st.selectbox("Plan to apply", list(by_label), key="fit_choice")]
+        risks = risks_text(chosen.risks)
+        st.caption(f"Changes to your plan: {changes_text(chosen.changes)}" + (f". Risks: {risks}" if risks else ""))
+        st.button("Apply this plan", type="primary", key="fit_apply", on_click=_apply,
+                  args=(plan_state(chosen),))
+    if len(by_label) < len(result.options):
+        st.caption("LoRA plans cannot be applied here yet (the sidebar has no fine-tuning method): plan one with "
+                   "`python -m planner estimate --finetune lora`.")
+    _captions(result)
     st.caption(f"Largest batches are the planner's: a measured peak may differ by up to {FIT_ERROR_MARGIN:.0%}; "
                "confirm one with a verification run on the Verify page.")
+
+
+def _captions(result) -> None:
+    for line in (*result.left_out, *result.notes):
+        st.caption(line)
 
 
 render()

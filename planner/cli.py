@@ -11,21 +11,47 @@ import os
 import sys
 from pathlib import Path
 
-from planner.batch import MAX_BATCH_LINE_CHARS, batch_file, batch_lines, clipped, line_answer
+from planner.batch import (
+    MAX_BATCH_LINE_CHARS,
+    batch_file,
+    batch_lines,
+    clipped,
+    line_answer,
+)
 from planner.catalog import catalog_entries
 from planner.errors import PlannerInputError
-from planner.probe.cache import probe_progress
 from planner.estimate import Estimate, estimate
 from planner.finetune import ALL_LINEAR, FINETUNE_KEYS, QUANT_TYPES, Method
-from planner.fit import SHARDING_NOTE, FitResult, FitTarget, max_batch_size, micro_batch_bound, smallest_plan
+from planner.fit import (
+    SHARDING_NOTE,
+    FitResult,
+    FitTarget,
+    max_batch_size,
+    micro_batch_bound,
+    smallest_plan,
+)
 from planner.gpus import GPUS, capacity_bytes_from_gib, gpu_spec, nearest_gpu
 from planner.loading import load_model_shape
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
-from planner.scenario import (Attention, Checkpointing, Device, Engine, Precision, Task, as_int,
-                              scenario_from_values)
-from planner.strategy import MULTI_DEVICE_STRATEGIES, ParallelPlan, Strategy, parse_strategy
+from planner.probe.cache import probe_progress
+from planner.scenario import (
+    Attention,
+    Checkpointing,
+    Device,
+    Engine,
+    Precision,
+    Task,
+    as_int,
+    scenario_from_values,
+)
 from planner.step_time import DEFAULT_UTILISATION
+from planner.strategy import (
+    MULTI_DEVICE_STRATEGIES,
+    ParallelPlan,
+    Strategy,
+    parse_strategy,
+)
 from planner.units import format_bytes
 
 EXIT_BAD_INPUT = 2
@@ -113,7 +139,18 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda", choices=[d.value for d in Device])
     parser.add_argument("--engine", default="accelerate", choices=[e.value for e in Engine])
     parser.add_argument("--hub", action="store_true", help="allow fetching --config from the Hugging Face hub")
-    parser.add_argument("--json", action="store_true", help="print a JSON list, best first")
+    # Your own plan: plans are ranked by the fewest and safest changes to it (planner.fit).
+    parser.add_argument("--optimizer", default="adamw", help="your plan's optimizer (default adamw)")
+    parser.add_argument("--precision", default="fp32", choices=[p.value for p in Precision],
+                        help="your plan's precision (default fp32)")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="your plan checkpoints")
+    parser.add_argument("--strategy", default=Strategy.DDP.value, choices=[s.value for s in MULTI_DEVICE_STRATEGIES],
+                        help="your plan's strategy with --num-devices > 1 (default ddp)")
+    add_finetune_flags(parser)
+    parser.add_argument("--allow-risky", action="store_true",
+                        help="also propose changes that risk model quality (pure bf16, SGD for a language model)")
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON list, best first (when nothing fits: the nearest plans, with fits false)")
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -206,10 +243,10 @@ def format_table(result: Estimate) -> str:
     peak = result.peak
     lines = [
         f"{result.model_name} ({result.architecture}, {result.num_parameters:,} parameters)",
-        f"{s.task.value}, batch {s.batch_size} x {s.seq_len} tokens, {s.optimizer.value}, {s.precision.value}, "
-        f"checkpointing {'on' if s.checkpointing is Checkpointing.EVERY_LAYER else 'off'}, "
-        f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}, "
-        f"engine {s.engine.value}",
+        (f"{s.task.value}, batch {s.batch_size} x {s.seq_len} tokens, {s.optimizer.value}, {s.precision.value}, "
+         f"checkpointing {'on' if s.checkpointing is Checkpointing.EVERY_LAYER else 'off'}, "
+         f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}, "
+         f"engine {s.engine.value}"),
         "",
         f"{'category':<34}{'bytes':>18}  {'size (binary units)':>20}",
     ]
@@ -293,35 +330,70 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _changes_cell(changes) -> str:
+    return "; ".join(c.text for c in changes) if changes else "none (your plan)"
+
+
+def _ckpt(scenario) -> str:
+    return "on" if scenario.checkpointing is Checkpointing.EVERY_LAYER else "off"
+
+
+def _columns_row(columns):
+    def row(cells) -> str:  # a space between every two columns, so wide numbers never run together
+        return " ".join(f"{cell:{align}{width}}" for cell, (_, width, align) in zip(cells, columns))
+    return row
+
+
 def fit_table(shape, base, result: FitResult) -> str:
-    """The fit finder's answer as a readable table, best first, binary units labelled."""
+    """The fit finder's answer as a readable table, best first, binary units labelled; when
+    nothing fits, why, and the nearest plans with how far over the capacity each is."""
     t = result.target
     wanted = (f"effective batch {t.effective_batch:,}" if t.effective_batch is not None
               else f"batch {t.batch_size:,}" if t.batch_size is not None else "the largest batch")
     strategy = "single GPU" if result.num_devices == 1 else "DDP, ZeRO-1/2 and FSDP searched"
     lines = [f"{shape.name} ({shape.num_parameters:,} parameters), {base.task.value}, {t.seq_len} tokens, {wanted}",
-             f"{result.num_devices} x {format_bytes(result.capacity_bytes)} ({strategy}); "
-             f"{result.combinations} combinations tried, "
-             f"{len(result.options)} fit; ranked by {result.ranked_by}", ""]
+             (f"{result.num_devices} x {format_bytes(result.capacity_bytes)} ({strategy}); "
+              f"{result.combinations} combinations tried, "
+              f"{len(result.options)} fit; ranked by {result.ranked_by}"), ""]
+    risks = set()
     if not result.options:
         lines.append(_why_nothing_fits(shape, base, result))
+        if result.nearest:
+            columns = (("#", 3, ">"), ("strategy", 20, "<"), ("method", 9, "<"), ("optimizer", 12, "<"),
+                       ("precision", 11, "<"), ("ckpt", 4, "<"), ("accum", 6, ">"), ("micro", 9, ">"),
+                       ("peak", 12, ">"), ("over by", 12, ">"), ("over %", 8, ">"), ("risk", 4, "<"),
+                       ("changes", 0, "<"))
+            row = _columns_row(columns)
+            lines += ["", "Nearest plans, and how far over the capacity each is:", row(n for n, _, _ in columns)]
+            for rank, miss in enumerate(result.nearest, 1):
+                s = miss.scenario
+                risks.update(miss.risks)
+                lines.append(row((rank, miss.strategy.value, miss.to_json()["finetune"], s.optimizer.value,
+                                  s.precision.value, _ckpt(s), f"{s.grad_accum_steps:,}", f"{s.batch_size:,}",
+                                  format_bytes(miss.peak_bytes), format_bytes(miss.over_bytes),
+                                  f"{miss.over_pct:.1f}%", "yes" if miss.risks else "-",
+                                  _changes_cell(miss.changes))).rstrip())
     else:
-        columns = (("#", 3, ">"), ("strategy", 20, "<"), ("optimizer", 12, "<"), ("precision", 11, "<"),
-                   ("ckpt", 4, "<"), ("accum", 6, ">"), ("micro", 9, ">"), ("max micro", 9, ">"),
-                   ("max seq", 9, ">"), ("peak", 12, ">"), ("step (s)", 9, ">"), ("tokens/s", 11, ">"))
-
-        def row(cells) -> str:  # a space between every two columns, so wide numbers never run together
-            return " ".join(f"{cell:{align}{width}}" for cell, (_, width, align) in zip(cells, columns))
-
-        lines.append(row(name for name, _, _ in columns))
+        columns = (("#", 3, ">"), ("strategy", 20, "<"), ("method", 9, "<"), ("optimizer", 12, "<"),
+                   ("precision", 11, "<"), ("ckpt", 4, "<"), ("accum", 6, ">"), ("micro", 9, ">"),
+                   ("max micro", 9, ">"), ("max seq", 9, ">"), ("peak", 12, ">"), ("step (s)", 9, ">"),
+                   ("tokens/s", 11, ">"), ("risk", 4, "<"), ("changes", 0, "<"))
+        row = _columns_row(columns)
+        lines.append(row(name for name, _, _ in columns).rstrip())
         for rank, option in enumerate(result.options, 1):
             j = option.to_json()
+            risks.update(option.risks)
             max_seq = "n/a" if j["max_seq_len"] is None else f"{j['max_seq_len']:,}"
-            lines.append(row((rank, j["strategy"], j["optimizer"], j["precision"],
+            lines.append(row((rank, j["strategy"], j["finetune"], j["optimizer"], j["precision"],
                               "on" if j["gradient_checkpointing"] else "off", f"{j['grad_accum']:,}",
                               f"{j['batch_size']:,}", f"{j['max_batch_size']:,}", max_seq,
-                              format_bytes(j["peak_bytes"]), f"{j['step_time_s']:.3f}", f"{j['tokens_per_s']:,.0f}")))
-    lines += [""] + [f"Note: {note}" for note in result.notes]
+                              format_bytes(j["peak_bytes"]), f"{j['step_time_s']:.3f}", f"{j['tokens_per_s']:,.0f}",
+                              "yes" if option.risks else "-", _changes_cell(option.changes))).rstrip())
+    lines += [""] + [f"Risk: {risk.value}" for risk in sorted(risks, key=lambda r: r.value)]
+    lines += list(result.left_out)
+    lines += [f"Note: {note}" for note in result.notes]
+    if result.risky_left_out:
+        lines.append("Note: --allow-risky proposes them too, labelled")
     return "\n".join(lines)
 
 
@@ -373,18 +445,23 @@ def _run_fit(args: argparse.Namespace) -> int:
                 else gpu_spec(args.gpu).capacity_bytes)
     gpu = gpu_spec(args.gpu) if args.gpu is not None else nearest_gpu(capacity)
     utilisation = _positive_float(args.utilisation, "--utilisation")
-    base = scenario_from_values(task=args.task, batch_size=1, seq_len=args.seq_len, attn=args.attn,
-                                device=args.device, num_labels=args.num_labels, engine=args.engine)
-    target = FitTarget(seq_len=base.seq_len,
-                       batch_size=None if args.batch_size is None else as_int(args.batch_size, "batch size"),
+    batch = None if args.batch_size is None else as_int(args.batch_size, "batch size")
+    base = scenario_from_values(task=args.task, batch_size=batch or 1, seq_len=args.seq_len, attn=args.attn,
+                                device=args.device, num_labels=args.num_labels, engine=args.engine,
+                                optimizer=args.optimizer, precision=args.precision,
+                                gradient_checkpointing=args.gradient_checkpointing, **finetune_values(args))
+    target = FitTarget(seq_len=base.seq_len, batch_size=batch,
                        effective_batch=None if args.effective_batch is None
                        else as_int(args.effective_batch, "effective batch"))
     num_devices = as_int(args.num_devices, "number of GPUs")
     shape = load_model_shape(args.config, base.task, base.num_labels, base_dir=Path.cwd(), allow_hub=args.hub)
-    result = find_fits(shape, base, capacity, target, gpu, num_devices, utilisation)
+    result = find_fits(shape, base, capacity, target, gpu, num_devices, utilisation,
+                       allow_risky=args.allow_risky, strategy=parse_strategy(args.strategy))
     if args.json:
         notes = {"strategy_note": SHARDING_NOTE} if num_devices > 1 else {}
-        print(json.dumps([{**option.to_json(), **notes} for option in result.options]))
+        rows = ([{"fits": True, **option.to_json(), **notes} for option in result.options]
+                or [{"fits": False, **miss.to_json(), **notes} for miss in result.nearest])
+        print(json.dumps(rows))
     else:
         print(fit_table(shape, base, result))
     return 0

@@ -2,8 +2,51 @@
 - the largest batch size and sequence length of one scenario (doubling until the peak
   exceeds the capacity, then bisection), which the Plan page and the report show;
 - the fit finder (`find_fits`): every technique combination the product knows
-  (optimizer, precision, checkpointing, accumulation, strategy), each one's largest
-  micro-batch, those that reach a target, ranked by estimated step time (planner.step_time).
+  (fine-tuning method, optimizer, precision, checkpointing, accumulation, strategy), each
+  one's largest micro-batch, those that reach a target, ranked by the fewest and safest
+  changes to the user's own plan first and estimated step time (planner.step_time) second;
+  when nothing fits, the nearest plans and by how much each misses.
+
+The ranking. Each difference between the user's plan and a candidate is a Change with a
+cost class (Cost), and candidates are ordered by how many changes of each class they
+make, the costliest class compared first, then by step time (time per sequence when no
+batch is targeted), then by peak:
+  0. none: the user's own plan, when it fits, is first. Hugging Face's "Methods and tools
+     for efficient training on a single GPU" (transformers docs, perf_train_gpu_one): "if
+     the preferred batch size fits into memory, there's no reason to apply
+     memory-optimizing techniques because they can slow down the training".
+  1. KEEPS_MATHS: memory techniques that leave the updates as they were: gradient
+     checkpointing (recomputes the same activations; torch.utils.checkpoint restores the
+     RNG state for dropout), another micro-batch x accumulation split of the same effective
+     batch, ZeRO / FSDP sharding instead of DDP (the same all-reduced gradients, the state
+     split across GPUs). The same guide's table lists accumulation, checkpointing and
+     DeepSpeed ZeRO as memory techniques; the course lessons (../shared/seeds/, lesson 3:
+     checkpointing with accumulation) teach them so.
+  2. SWAP: a documented optimizer or precision swap, other numerics for the same model:
+     8-bit AdamW (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization":
+     32-bit Adam's results), transformers' Adafactor (Shazeer & Stern 2018; the course's
+     lesson 1, with its trade-off table against AdamW and 8-bit Adam), bf16 / fp16 autocast
+     with fp32 master weights (Micikevicius et al. 2018, "Mixed Precision Training"; the
+     course's lesson 2), and the way back to fp32 or AdamW.
+  3. METHOD: another fine-tuning method, which trains other parameters (full <-> LoRA: Hu
+     et al. 2022, on par with full fine-tuning on the tasks it reports, but not the same
+     model). LoRA plans keep the rank, alpha and targets asked for (PEFT's defaults, r 16,
+     for a full plan): the finder never proposes a lower rank.
+  4. RISKY: changes that risk model quality, labelled (Risk) and left out unless the
+     caller allows them: pure bf16 (no fp32 master weights: an update below half a bf16
+     ulp of its weight is rounded away, Micikevicius et al. 2018 §3.1), and SGD for a
+     transformer language model (Zhang et al. 2020, "Why are Adaptive Methods Good for
+     Attention Models?": SGD trails Adam on attention models). A risky choice the user
+     made themselves is their plan, not a change.
+So one optimizer swap ranks below any number of changes that keep the maths, and
+fewer changes of the same class rank above more.
+
+LoRA and QLoRA plans are searched where planner.estimate plans them; where it refuses
+(LoRA off device cpu, QLoRA everywhere today) the result says so in one line per method
+(`left_out`, the estimate's own reason), and shows no numbers for them. LoRA plans are
+searched in the user's precision only (each precision is one more probe of the
+PEFT-wrapped model, seconds on first use) and on one device (planner.parallel models
+full fine-tuning).
 
 Peak memory grows monotonically with batch size and with sequence length (every category
 is a non-decreasing function of both), which is what makes bisection exact. Estimates
@@ -21,16 +64,19 @@ simulated (fake-tensor) runs.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+import enum
+from collections.abc import Callable
+from typing import NamedTuple
 
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
+from planner.finetune import FineTune, Method
 from planner.gpus import GpuSpec
 from planner.model_shape import ModelShape
 from planner.parallel import parallel_estimate
-from planner.strategy import ParallelPlan, Strategy
 from planner.scenario import Checkpointing, Optimizer, Precision, Scenario
 from planner.step_time import DEFAULT_UTILISATION, StepTime, step_time
+from planner.strategy import ParallelPlan, Strategy
 
 FIT_ERROR_MARGIN = 0.03  # the planner's stated error on a peak, as a fraction of it (see above)
 
@@ -122,17 +168,21 @@ def fit_limits(shape: ModelShape, scenario: Scenario, capacity_bytes: int,
 # --- The fit finder -------------------------------------------------------------------
 
 # The combinations searched. Adam, the other 8-bit variants and torch's Adafactor hold
-# the same memory as one of these (or more) at the same cost, so they add rows, not choices.
+# the same memory as one of these (or more) at the same cost, so they add rows, not choices;
+# the user's own optimizer is searched too, so their own plan is always a candidate.
 SEARCH_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.ADAMW8BIT, Optimizer.HF_ADAFACTOR, Optimizer.SGD)
 SEARCH_PRECISIONS = (Precision.FP32, Precision.BF16_MIXED, Precision.BF16)
 # A GPU without bf16 tensor cores (Turing) trains 16-bit as fp16 autocast with fp32 masters
 # and a loss scaler; pure fp16 training is not offered (it diverges without fp32 masters).
 SEARCH_PRECISIONS_WITHOUT_BF16 = (Precision.FP32, Precision.FP16_MIXED)
+_BF16_KINDS = (Precision.BF16, Precision.BF16_MIXED)
 
 
 def search_precisions(gpu: GpuSpec) -> tuple[Precision, ...]:
     """The precisions worth ranking on `gpu`: never one its tensor cores lack."""
     return SEARCH_PRECISIONS if gpu.supports_bf16 else SEARCH_PRECISIONS_WITHOUT_BF16
+
+
 SEARCH_CHECKPOINTING = (Checkpointing.NONE, Checkpointing.EVERY_LAYER)
 # With several GPUs: data parallel, and the sharded strategies that change what fits.
 # ZeRO-3 is left out: the planner models it as FSDP full shard (same memory and traffic).
@@ -141,6 +191,98 @@ SEARCH_STRATEGIES = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.FSDP
 SHARDING_NOTE = ("several GPUs: DDP (a full replica plus DDP's gradient buckets per GPU), DeepSpeed ZeRO-1/2 "
                  "and FSDP (shard grad op, full shard) are searched; ZeRO-3 holds what FSDP full shard holds. "
                  "ZeRO is estimated only: `runners verify --num-processes N` measures DDP and FSDP")
+NEAREST_SHOWN = 5  # plans listed when nothing fits, nearest first
+
+
+class Cost(enum.IntEnum):
+    """How much a change to the user's plan costs them (the module docstring says why), safest first."""
+
+    KEEPS_MATHS = 1  # a memory technique: the same updates (checkpointing, accumulation, sharding)
+    SWAP = 2  # a documented optimizer or precision swap: other numerics, the same model trained
+    METHOD = 3  # another fine-tuning method: other parameters trained (full <-> LoRA)
+    RISKY = 4  # risks model quality: left out unless allowed
+
+
+COST_WORDS = {Cost.KEEPS_MATHS: "keeps the maths", Cost.SWAP: "documented swap",
+              Cost.METHOD: "trains other parameters", Cost.RISKY: "risks model quality"}
+
+
+class ChangeKind(enum.Enum):
+    METHOD = "fine-tuning"
+    OPTIMIZER = "optimizer"
+    PRECISION = "precision"
+    STRATEGY = "strategy"
+    CHECKPOINTING = "checkpointing"
+    SPLIT = "micro-batch x accumulation"
+
+
+class Risk(enum.Enum):
+    """Changes that risk model quality, in words (the module docstring gives the sources)."""
+
+    PURE_BF16 = "pure bf16: no fp32 master weights, small updates are lost"
+    SGD = "SGD for a language model: trails Adam-type optimizers"
+    # No lower-rank risk: LoRA plans keep the rank asked for (16, PEFT's examples', for a full plan).
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One difference between the user's plan and a proposed one."""
+
+    kind: ChangeKind
+    before: str
+    after: str
+    cost: Cost
+    risk: Risk | None = None  # set exactly when cost is RISKY
+
+    def __post_init__(self) -> None:
+        if (self.risk is not None) != (self.cost is Cost.RISKY):
+            raise ValueError("a change carries a risk exactly when its cost is RISKY")
+
+    @property
+    def text(self) -> str:
+        return f"{self.kind.value} {self.before} -> {self.after}"
+
+
+def _method_text(scenario: Scenario) -> str:
+    method = scenario.finetune
+    return method.method.value if not method.uses_adapters else f"{method.method.value} r{method.lora_r}"
+
+
+def _ckpt_text(scenario: Scenario) -> str:
+    return "on" if scenario.checkpointing is Checkpointing.EVERY_LAYER else "off"
+
+
+def plan_changes(own: Scenario, own_strategy: Strategy, plan: Scenario, strategy: Strategy,
+                 own_split: tuple[int, int] | None) -> tuple[Change, ...]:
+    """The changes that turn the user's plan (`own` under `own_strategy`) into `plan` (a
+    Scenario, or anything with its technique fields) under `strategy`, most costly first. `own_split`: the user's (micro-batch, accumulation) when
+    the target keeps their effective batch (a different split is then a change), else None."""
+    changes = []
+    if _method_text(own) != _method_text(plan):
+        changes.append(Change(ChangeKind.METHOD, _method_text(own), _method_text(plan), Cost.METHOD))
+    if plan.optimizer is not own.optimizer:
+        risky = plan.optimizer is Optimizer.SGD  # every model here is a transformer language model
+        changes.append(Change(ChangeKind.OPTIMIZER, own.optimizer.value, plan.optimizer.value,
+                              Cost.RISKY if risky else Cost.SWAP, Risk.SGD if risky else None))
+    if plan.precision is not own.precision:
+        risky = plan.precision is Precision.BF16
+        changes.append(Change(ChangeKind.PRECISION, own.precision.value, plan.precision.value,
+                              Cost.RISKY if risky else Cost.SWAP, Risk.PURE_BF16 if risky else None))
+    if strategy is not own_strategy:
+        changes.append(Change(ChangeKind.STRATEGY, own_strategy.value, strategy.value, Cost.KEEPS_MATHS))
+    if plan.checkpointing is not own.checkpointing:
+        changes.append(Change(ChangeKind.CHECKPOINTING, _ckpt_text(own), _ckpt_text(plan), Cost.KEEPS_MATHS))
+    split = (plan.batch_size, plan.grad_accum_steps)
+    if own_split is not None and split != own_split:
+        changes.append(Change(ChangeKind.SPLIT, "{} x {}".format(*own_split), "{} x {}".format(*split),
+                              Cost.KEEPS_MATHS))
+    return tuple(sorted(changes, key=lambda c: -c.cost))
+
+
+def change_rank(changes: tuple[Change, ...]) -> tuple[int, ...]:
+    """The ranking's first key: how many changes of each cost, the costliest counted first
+    (one optimizer swap ranks below any number of changes that keep the maths)."""
+    return tuple(sum(1 for c in changes if c.cost is cost) for cost in sorted(Cost, reverse=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,9 +305,15 @@ class FitTarget:
             raise PlannerInputError("give a batch size or an effective batch, not both")
 
 
+def _changes_json(changes: tuple[Change, ...]) -> dict:
+    return {"changes": [c.text for c in changes], "change_costs": [COST_WORDS[c.cost] for c in changes],
+            "risks": [c.risk.value for c in changes if c.risk is not None]}
+
+
 @dataclasses.dataclass(frozen=True)
 class FitOption:
-    """One combination that reaches the target: the plan (per GPU) and what it costs."""
+    """One combination that reaches the target: the plan (per GPU), what it costs, and what
+    it changes in the user's plan."""
 
     scenario: Scenario  # micro-batch, accumulation and techniques, per GPU
     strategy: Strategy
@@ -175,6 +323,7 @@ class FitOption:
     peak_bytes: int  # estimated, at the plan
     peak_phase: str
     step: StepTime
+    changes: tuple[Change, ...] = ()  # from the user's plan, costliest first
 
     @property
     def effective_batch(self) -> int:
@@ -188,9 +337,14 @@ class FitOption:
     def seconds_per_sequence(self) -> float:
         return self.step.total_s / self.effective_batch
 
+    @property
+    def risks(self) -> tuple[Risk, ...]:
+        return tuple(c.risk for c in self.changes if c.risk is not None)
+
     def to_json(self) -> dict:
         s = self.scenario
         return {
+            "finetune": _method_text(s),
             "optimizer": s.optimizer.value, "precision": s.precision.value,
             "gradient_checkpointing": s.checkpointing is Checkpointing.EVERY_LAYER,
             "grad_accum": s.grad_accum_steps, "strategy": self.strategy.value, "num_devices": self.num_devices,
@@ -200,20 +354,59 @@ class FitOption:
             "step_time_s": self.step.total_s, "compute_s": self.step.compute_s,
             "optimizer_step_s": self.step.optimizer_s, "communication_s": self.step.communication_s,
             "tokens_per_s": self.effective_batch * s.seq_len / self.step.total_s,
+            **_changes_json(self.changes),
         }
+
+
+@dataclasses.dataclass(frozen=True)
+class NearMiss:
+    """A plan that does not fit, when nothing does: its per-GPU peak at the target's smallest
+    micro-batch for its combination, and how far over the capacity that is."""
+
+    scenario: Scenario
+    strategy: Strategy
+    num_devices: int
+    peak_bytes: int
+    capacity_bytes: int
+    changes: tuple[Change, ...]
+
+    @property
+    def over_bytes(self) -> int:
+        return self.peak_bytes - self.capacity_bytes
+
+    @property
+    def over_pct(self) -> float:
+        return 100.0 * self.over_bytes / self.capacity_bytes
+
+    @property
+    def risks(self) -> tuple[Risk, ...]:
+        return tuple(c.risk for c in self.changes if c.risk is not None)
+
+    def to_json(self) -> dict:
+        s = self.scenario
+        return {"finetune": _method_text(s), "optimizer": s.optimizer.value, "precision": s.precision.value,
+                "gradient_checkpointing": s.checkpointing is Checkpointing.EVERY_LAYER,
+                "grad_accum": s.grad_accum_steps, "strategy": self.strategy.value, "num_devices": self.num_devices,
+                "batch_size": s.batch_size, "seq_len": s.seq_len, "peak_bytes": self.peak_bytes,
+                "capacity_bytes": self.capacity_bytes, "over_bytes": self.over_bytes, "over_pct": self.over_pct,
+                **_changes_json(self.changes)}
 
 
 @dataclasses.dataclass(frozen=True)
 class FitResult:
     options: tuple[FitOption, ...]  # those that reach the target, best first
-    combinations: int  # technique combinations tried
+    combinations: int  # technique combinations considered (the risky ones left out included)
     capacity_bytes: int
     gpu: GpuSpec  # whose throughput the step times assume
     num_devices: int
     target: FitTarget
     utilisation: float
-    ranked_by: str  # "step time" or "time per sequence"
+    ranked_by: str  # "fewest and safest changes, then step time" (or "... time per sequence")
     notes: tuple[str, ...]
+    allow_risky: bool = False
+    risky_left_out: int = 0  # combinations not searched: they risk model quality and were not allowed
+    nearest: tuple[NearMiss, ...] = ()  # when nothing fits: the nearest plans, nearest first
+    left_out: tuple[str, ...] = ()  # fine-tuning methods not searched, each with the estimate's reason
 
 
 def _accumulation_choices(per_device_batch: int) -> list[int]:
@@ -225,70 +418,185 @@ def _accumulation_choices(per_device_batch: int) -> list[int]:
     return choices
 
 
+def _with_own(searched: tuple, own) -> tuple:
+    return searched if own in searched else (*searched, own)
+
+
+def _adapter_methods(shape: ModelShape, base: Scenario, num_devices: int, lora: bool) -> tuple[list, list[str]]:
+    """(the adapter FineTunes to search, one line per method left out and why). The reason is
+    the estimate's own refusal, so the finder never shows numbers the estimate would not."""
+    own = base.finetune
+    methods, left_out = [], []
+    for method, label in ((Method.LORA, "LoRA"), (Method.QLORA, "QLoRA")):
+        # The rank, alpha and targets asked for (never a lower rank); defaults for a full plan.
+        wanted = dataclasses.replace(own if own.uses_adapters else FineTune(), method=method)
+        if not lora and method is not own.method:
+            continue
+        try:
+            estimate(shape, dataclasses.replace(base, finetune=wanted, batch_size=1, grad_accum_steps=1))
+        except PlannerInputError as error:
+            left_out.append(f"{label} plans left out: {error}")
+            continue
+        except Exception as error:  # noqa: BLE001 - a bug in building the adapters must not cost the full plans
+            # Seen: PEFT refusing all-linear on DistilBERT's classifier (modules_to_save, a TypeError).
+            left_out.append(f"{label} plans left out: the estimate failed ({type(error).__name__}: "
+                            f"{str(error)[:200]})")
+            continue
+        if num_devices > 1:
+            left_out.append(f"{label} plans left out: the multi-GPU planner models full fine-tuning only "
+                            "(plan LoRA on one device)")
+            continue
+        methods.append(wanted)
+    return methods, left_out
+
+
 def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: FitTarget, gpu: GpuSpec,
               num_devices: int = 1, utilisation: float = DEFAULT_UTILISATION,
-              with_max_seq_len: bool = True) -> FitResult:
+              with_max_seq_len: bool = True, allow_risky: bool = False, strategy: Strategy | None = None,
+              lora: bool = True) -> FitResult:
     """Every technique combination that fits `capacity_bytes` per GPU and reaches `target`,
-    ranked by estimated step time at the target (time per sequence when no batch is
-    targeted), best first. `base` gives what is not searched: task, labels, attention,
-    device kind, training loop. Peaks are the planner's (planner.estimate)."""
+    ranked by the fewest and safest changes to the user's plan (`base`, under `strategy`,
+    DDP by default with several GPUs), then by estimated step time at the target (time per
+    sequence when no batch is targeted), best first. Changes that risk model quality (pure
+    bf16, SGD) are left out unless `allow_risky`. LoRA / QLoRA plans are searched where the
+    estimate plans them (`lora=False`: full fine-tuning and the user's own method only).
+    When nothing fits, `nearest` lists the plans that miss by least. `base` also gives what
+    is not searched: task, labels, attention, device kind, training loop."""
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
         raise PlannerInputError(f"number of devices must be a positive integer, got {num_devices!r}")
     if capacity_bytes <= 0:
         raise PlannerInputError(f"GPU capacity must be positive, got {capacity_bytes!r} bytes")
+    own_split = None
     if target.effective_batch is not None:
         if target.effective_batch % num_devices:
             raise PlannerInputError(f"effective batch {target.effective_batch} is not divisible by "
                                     f"{num_devices} GPUs: give a multiple of {num_devices}")
         per_device = target.effective_batch // num_devices
         accumulations = _accumulation_choices(per_device)
+        # The user's own split when it makes this batch, else the whole batch in one micro-batch.
+        own_split = ((base.batch_size, base.grad_accum_steps)
+                     if base.batch_size * base.grad_accum_steps == per_device else (per_device, 1))
+        if own_split[1] not in accumulations:
+            accumulations.append(own_split[1])
     else:
         per_device = target.batch_size  # None: as large as fits
         accumulations = [1]
-    strategies = (Strategy.SINGLE,) if num_devices == 1 else SEARCH_STRATEGIES
+    own_strategy = Strategy.SINGLE if num_devices == 1 else (strategy or Strategy.DDP)
+    strategies = (Strategy.SINGLE,) if num_devices == 1 else _with_own(SEARCH_STRATEGIES, own_strategy)
+    own = base
     base = dataclasses.replace(base, seq_len=target.seq_len, batch_size=1, grad_accum_steps=1)
+    optimizers = _with_own(SEARCH_OPTIMIZERS, own.optimizer)
+    precisions = search_precisions(gpu)
+    if gpu.supports_bf16 or own.precision not in _BF16_KINDS:
+        precisions = _with_own(precisions, own.precision)
+    adapters, left_out = _adapter_methods(shape, base, num_devices, lora)
+    finetunes = ([FineTune()] if own.finetune.uses_adapters else [own.finetune]) + adapters
 
     # The peak depends on accumulation only through "is there more than one micro-batch"
     # (gradients live across them), so one search serves K = 2, 4, 8, ...
     largest: dict[tuple, int | None] = {}
-    options, combinations = [], 0
-    for strategy in strategies:
-        parallel = ParallelPlan(num_devices, strategy)
-        for optimizer in SEARCH_OPTIMIZERS:
-            for precision in search_precisions(gpu):
-                for checkpointing in SEARCH_CHECKPOINTING:
-                    for k in accumulations:
-                        combinations += 1
-                        combo = dataclasses.replace(base, optimizer=optimizer, precision=precision,
-                                                    checkpointing=checkpointing, grad_accum_steps=min(k, 2))
-                        key = (strategy, optimizer, precision, checkpointing, min(k, 2))
-                        if key not in largest:
-                            largest[key] = max_batch_size(shape, combo, capacity_bytes, plan=parallel)
-                        best = largest[key]
-                        micro = per_device // k if per_device is not None else best
-                        if best is None or micro > best:
-                            continue
-                        plan = dataclasses.replace(combo, batch_size=micro, grad_accum_steps=k)
-                        result = parallel_estimate(shape, plan, parallel)
-                        seq = (max_seq_len(shape, plan, capacity_bytes, known_fit=plan.seq_len, plan=parallel)
-                               if with_max_seq_len else None)
-                        timing = step_time(shape, plan, gpu, num_devices, utilisation,
-                                           result if parallel.distributed else None)
-                        options.append(FitOption(plan, strategy, num_devices, best, seq,
-                                                 result.per_device_peak_bytes, result.peak.phase.value, timing))
+    options, misses, combinations, risky_left_out = [], {}, 0, 0
+    for plan_strategy in strategies:
+        parallel = ParallelPlan(num_devices, plan_strategy)
+        for finetune in finetunes:
+            for optimizer in optimizers:
+                # LoRA in the user's precision only: each precision is one more probe of the
+                # PEFT-wrapped model (seconds on first use), and a second change on top of the method.
+                for precision in (precisions if finetune.method is Method.FULL else (own.precision,)):
+                    for checkpointing in SEARCH_CHECKPOINTING:
+                        for k in accumulations:
+                            combinations += 1
+                            micro = per_device // k if per_device is not None else None
+                            # Fields only (no Scenario built) until the combination is searched.
+                            probe = _Combo(finetune, optimizer, precision, checkpointing, micro or 1, k)
+                            changes = plan_changes(own, own_strategy, probe, plan_strategy, own_split)
+                            if not allow_risky and any(c.risk is not None for c in changes):
+                                risky_left_out += 1
+                                continue
+                            key = (plan_strategy, finetune, optimizer, precision, checkpointing, min(k, 2))
+                            if key not in largest:
+                                combo = probe.scenario(base, batch_size=1, grad_accum_steps=min(k, 2))
+                                largest[key] = max_batch_size(shape, combo, capacity_bytes, plan=parallel)
+                            best = largest[key]
+                            if best is None or (micro is not None and micro > best):
+                                misses.setdefault(key[:5], []).append((probe, changes))
+                                continue
+                            micro = best if micro is None else micro
+                            plan = probe.scenario(base, batch_size=micro)
+                            if per_device is None:  # the largest batch: its micro-batch is found, not asked for
+                                changes = plan_changes(own, own_strategy, plan, plan_strategy, own_split)
+                            result = parallel_estimate(shape, plan, parallel)
+                            seq = (max_seq_len(shape, plan, capacity_bytes, known_fit=plan.seq_len,
+                                               plan=parallel) if with_max_seq_len else None)
+                            timing = step_time(shape, plan, gpu, num_devices, utilisation,
+                                               result if parallel.distributed else None,
+                                               result.base.trainable_parameters)
+                            options.append(FitOption(plan, plan_strategy, num_devices, best, seq,
+                                                     result.per_device_peak_bytes, result.peak.phase.value,
+                                                     timing, changes))
     by_sequence = target.batch_size is None and target.effective_batch is None
-    options.sort(key=lambda o: (o.seconds_per_sequence if by_sequence else o.step_time_s, o.peak_bytes))
+    options.sort(key=lambda o: (change_rank(o.changes), o.seconds_per_sequence if by_sequence else o.step_time_s,
+                                o.peak_bytes))
+    nearest = () if options else _nearest(shape, base, misses, capacity_bytes, num_devices)
     notes = [f"step times assume {gpu.label} throughput at {utilisation:.0%} utilisation (planner.step_time)"]
-    if gpu.supports_bf16:
+    if risky_left_out:
+        notes.append(f"{risky_left_out} combinations left out: they change the plan in ways that risk model "
+                     "quality (pure bf16 without fp32 master weights, SGD for a language model); allow them "
+                     "to see them")
+    elif gpu.supports_bf16:
         notes.append("pure bf16 keeps no fp32 master weights: updates smaller than bf16's resolution are lost; "
                      "bf16-mixed is the safe choice when accuracy matters")
-    else:
+    if not gpu.supports_bf16:
         notes.append(f"{gpu.label} has no bf16 tensor cores: 16-bit plans are fp16-mixed (autocast with fp32 "
                      "masters and a loss scaler)")
     if num_devices > 1:
         notes.append(SHARDING_NOTE)
+    time_key = "time per sequence" if by_sequence else "step time"
     return FitResult(tuple(options), combinations, capacity_bytes, gpu, num_devices, target, utilisation,
-                     "time per sequence" if by_sequence else "step time", tuple(notes))
+                     f"fewest and safest changes to your plan, then {time_key}", tuple(notes), allow_risky,
+                     risky_left_out, nearest, tuple(left_out))
+
+
+class _Combo(NamedTuple):
+    """A combination's technique fields, cheap to make: the Scenario is built only when searched."""
+
+    finetune: FineTune
+    optimizer: Optimizer
+    precision: Precision
+    checkpointing: Checkpointing
+    batch_size: int
+    grad_accum_steps: int
+
+    def scenario(self, base: Scenario, **overrides) -> Scenario:
+        fields = {**self._asdict(), **overrides}
+        return dataclasses.replace(base, **fields)
+
+
+def _nearest(shape: ModelShape, base: Scenario, misses: dict, capacity_bytes: int,
+             num_devices: int) -> tuple[NearMiss, ...]:
+    """Per combination, the split of the target with the lowest per-GPU peak; the
+    NEAREST_SHOWN nearest to the capacity, safest first among equal misses."""
+    found = []
+    for (plan_strategy, *_), tries in misses.items():
+        parallel = ParallelPlan(num_devices, plan_strategy)
+        # The peak grows with the micro-batch among splits that accumulate (K >= 2): only the
+        # one without accumulation and the finest split can be lowest.
+        accumulating = [t for t in tries if t[0].grad_accum_steps > 1]
+        lowest_candidates = [t for t in tries if t[0].grad_accum_steps == 1] + (
+            [max(accumulating, key=lambda t: t[0].grad_accum_steps)] if accumulating else [])
+        best = None
+        for probe, changes in lowest_candidates:
+            try:
+                plan = probe.scenario(base)
+            except PlannerInputError:  # a micro-batch beyond any real step: no estimate to show
+                continue
+            peak = _peak_or_none(shape, plan, parallel)
+            if peak is not None and (best is None or peak < best.peak_bytes):
+                best = NearMiss(plan, plan_strategy, num_devices, peak, capacity_bytes, changes)
+        if best is not None:
+            found.append(best)
+    found.sort(key=lambda m: (m.peak_bytes, change_rank(m.changes)))
+    return tuple(found[:NEAREST_SHOWN])
 
 
 def best_options_with_max_seq_len(shape: ModelShape, result: FitResult, count: int) -> FitResult:

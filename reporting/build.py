@@ -13,10 +13,11 @@ from __future__ import annotations
 import html
 import io
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -38,12 +39,12 @@ from app_pages.figures import (
     phase_breakdown_figure,
     technique_bars_figure,
 )
-from planner.fit import FitLimits, fit_limits
 from app_pages.verify_results import history_table, scatter_points
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
-from planner.model_shape import ModelShape
+from planner.fit import FitLimits, fit_limits
 from planner.gpus import capacity_bytes_from_gib
+from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
 from planner.scenario import as_int, scenario_from_values
 from planner.strategy import MAX_DEVICES, ParallelPlan, Strategy, parse_strategy
@@ -77,6 +78,8 @@ class Report:
     runs: pd.DataFrame  # verify_results.history_table of this model's runs
     batch_series: dict
     fits: pd.DataFrame  # the fit finder's best options for this plan's effective batch
+    fits_nearest: pd.DataFrame  # when none fits: the nearest plans and how far over each is
+    fits_left_out: tuple[str, ...]  # fine-tuning methods the finder did not search, and why
     multi_gpu: MultiGpuSection | None = None  # None with one GPU
     per_device: ParallelEstimate | None = None  # one GPU's share under the plan's strategy; None with one GPU
 
@@ -105,14 +108,15 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
     parallel = ParallelPlan(gpu_count, strategy if gpu_count > 1 else Strategy.SINGLE)
     per_device = parallel_estimate(shape, scenario, parallel, result) if parallel.distributed else None
     limits = fit_limits(shape, scenario, capacity_bytes, plan=parallel)
+    fits, nearest, left_out = _fit_tables(shape, scenario, capacity_bytes, gpu_count, parallel.strategy)
     return Report(
-        generated_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
         shape=shape, values=dict(values), estimate=result, capacity_bytes=capacity_bytes, gpu_label=gpu_label,
         gpu_count=gpu_count, limits=limits,
         techniques=compare_techniques(shape, values, records, config),
         runs=history_table(records),
         batch_series=memory_vs_batch(shape, values, batch_sizes_for_chart(limits.batch_size)),
-        fits=_fit_table(shape, scenario, capacity_bytes, gpu_count),
+        fits=fits, fits_nearest=nearest, fits_left_out=left_out,
         multi_gpu=multi_gpu_section(shape, scenario, result, gpu_count, capacity_bytes, records, config,
                                     run_steps, local_sgd_steps),
         per_device=per_device,
@@ -122,16 +126,20 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
 FIT_ROWS_SHOWN = 10
 
 
-def _fit_table(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int) -> pd.DataFrame:
-    """The fit finder's best options (planner.fit) for the plan's effective batch and sequence."""
-    from app_pages.fit_view import fit_rows
+def _fit_tables(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int,
+                strategy: Strategy) -> tuple[pd.DataFrame, pd.DataFrame, tuple[str, ...]]:
+    """The fit finder's best options (planner.fit) for the plan's effective batch and sequence,
+    ranked by the fewest and safest changes to the plan; the nearest plans when none fits;
+    the methods it left out and why."""
     from planner.fit import FitTarget, best_options_with_max_seq_len, find_fits
     from planner.gpus import nearest_gpu
+    from reporting.fit_table import fit_rows, nearest_rows
 
     target = FitTarget(scenario.seq_len, effective_batch=scenario.batch_size * scenario.grad_accum_steps * gpu_count)
     result = find_fits(shape, scenario, capacity_bytes, target, nearest_gpu(capacity_bytes), gpu_count,
-                       with_max_seq_len=False)
-    return pd.DataFrame(fit_rows(best_options_with_max_seq_len(shape, result, FIT_ROWS_SHOWN)))
+                       with_max_seq_len=False, strategy=strategy)
+    best = best_options_with_max_seq_len(shape, result, FIT_ROWS_SHOWN)
+    return pd.DataFrame(fit_rows(best)), pd.DataFrame(nearest_rows(result)), result.left_out
 
 
 # --- renderings ---------------------------------------------------------------------------
@@ -164,6 +172,8 @@ def to_json(report: Report) -> str:
             "measured_run_id": r.measured_run_id, "cost": r.technique.cost,
         } for r in report.techniques],
         "what_fits": json.loads(report.fits.to_json(orient="records")),
+        "what_fits_nearest": json.loads(report.fits_nearest.to_json(orient="records")),
+        "what_fits_left_out": list(report.fits_left_out),
         "runs": json.loads(report.runs.to_json(orient="records")),
     }
     if report.multi_gpu is not None:
@@ -190,9 +200,9 @@ def _summary_lines(report: Report) -> list[str]:
     limits = report.limits
     lines = [
         f"Model: {report.shape.name} ({report.shape.architecture}, {report.shape.num_parameters:,} parameters)",
-        f"Scenario: {s.task.value}, batch {s.batch_size} × {s.seq_len:,} tokens, {s.optimizer.value}, "
-        f"{s.precision.value}, checkpointing {'on' if report.values.get('gradient_checkpointing') else 'off'}, "
-        f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}",
+        (f"Scenario: {s.task.value}, batch {s.batch_size} × {s.seq_len:,} tokens, {s.optimizer.value}, "
+         f"{s.precision.value}, checkpointing {'on' if report.values.get('gradient_checkpointing') else 'off'}, "
+         f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}"),
         f"GPU: {report.gpu_label} × {report.gpu_count} ({format_bytes(report.capacity_bytes)} each; "
         + (f"{report.per_device.plan.strategy.value}, " if report.per_device is not None else "")
         + "the plan is per GPU)",
@@ -213,7 +223,7 @@ def _float_cell(value: float) -> str:
 
 
 def _md_cell(value: object) -> str:
-    if value is None or (isinstance(value, float) and value != value) or value is pd.NA:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return ""
     if isinstance(value, float):
         return _float_cell(value)
@@ -233,13 +243,27 @@ def to_markdown(report: Report) -> str:
     parts += ["", "## Live at the peak", "", _md_table(_plan_table(report)),
               "", "## Techniques", "", _md_table(_technique_table(report)),
               *(["", _md_cell(note)] if (note := _accumulation_note(report)) else []),
-              "", "## What fits (same effective batch, best first)", "",
-              _md_table(report.fits) if not report.fits.empty else "No technique combination fits this GPU.", ""]
+              "", f"## {WHAT_FITS_HEADING}", "", *_md_what_fits(report), ""]
     if report.multi_gpu is not None:
         parts += _md_multi_gpu(report)
     parts += ["## Verification runs", ""]
     parts.append(_md_table(report.runs) if not report.runs.empty else "No verification runs recorded for this model.")
     return "\n".join(parts) + "\n"
+
+
+WHAT_FITS_HEADING = "What fits (same effective batch; fewest and safest changes to this plan first)"
+NOTHING_FITS = "No technique combination fits this GPU."
+NEAREST_INTRO = "The nearest plans, and how far over the capacity per GPU each is:"
+
+
+def _md_what_fits(report: Report) -> list[str]:
+    if not report.fits.empty:
+        parts = [_md_table(report.fits)]
+    elif not report.fits_nearest.empty:
+        parts = [_md_cell(f"{NOTHING_FITS} {NEAREST_INTRO}"), "", _md_table(report.fits_nearest)]
+    else:
+        parts = [NOTHING_FITS]
+    return parts + [item for line in report.fits_left_out for item in ("", _md_cell(line))]
 
 
 MULTI_GPU_HEADINGS = ("Memory per GPU, by strategy", "Traffic per optimizer step, by strategy",
@@ -269,6 +293,8 @@ def to_csv(report: Report) -> str:
     sections = [_plan_table(report).assign(section="plan"), _technique_table(report).assign(section="techniques")]
     if not report.fits.empty:
         sections.append(report.fits.assign(section="what fits"))
+    if not report.fits_nearest.empty:
+        sections.append(report.fits_nearest.assign(section="what fits: nearest"))
     if report.multi_gpu is not None:
         sections += csv_sections(report.multi_gpu)
     if not report.runs.empty:
@@ -317,9 +343,11 @@ def to_html(report: Report) -> str:
         _html_table(_technique_table(report)),
         *([f"<p class='muted'>{e(note)}</p>"] if (note := _accumulation_note(report)) else []),
         charts[2],
-        "<h2>What fits (same effective batch, best first)</h2>",
-        (_html_table(report.fits)
-         if not report.fits.empty else "<p>No technique combination fits this GPU.</p>"),
+        f"<h2>{e(WHAT_FITS_HEADING)}</h2>",
+        (_html_table(report.fits) if not report.fits.empty
+         else f"<p>{e(NOTHING_FITS)} {e(NEAREST_INTRO)}</p>" + _html_table(report.fits_nearest)
+         if not report.fits_nearest.empty else f"<p>{e(NOTHING_FITS)}</p>"),
+        *[f"<p class='muted'>{e(line)}</p>" for line in report.fits_left_out],
         *(_html_multi_gpu(report) if report.multi_gpu is not None else []),
         "<h2>Verification runs</h2>", runs, *charts[3:],
     ])

@@ -10,10 +10,11 @@ from streamlit.testing.v1 import AppTest
 
 from app_pages.fit_view import gpu_for, option_label, plan_state, target_for
 from app_pages.inputs import DEFAULTS, SidebarValues, capacity_bytes, scenario_for
+from planner.estimate import estimate
 from planner.fit import find_fits
 from planner.loading import load_model_shape
 from planner.parallel import parallel_estimate
-from planner.scenario import Task
+from planner.scenario import Task, scenario_from_values
 from planner.strategy import ParallelPlan
 from planner.units import format_bytes
 
@@ -26,13 +27,13 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("PLANNER_DATA_DIR", str(tmp_path / "data"))
 
 
-def expected_result(kind: str = "effective-batch", **overrides):
+def expected_result(kind: str = "effective-batch", allow_risky: bool = False, **overrides):
     values = SidebarValues.from_state({**DEFAULTS, **overrides})
     scenario = scenario_for(values)
     shape = load_model_shape(values.catalog_model, scenario.task, scenario.num_labels)
     capacity = capacity_bytes(values)
     return find_fits(shape, scenario, capacity, target_for(values, kind), gpu_for(values, capacity),
-                     values.gpu_count, 0.4)
+                     values.gpu_count, 0.4, allow_risky=allow_risky)
 
 
 def what_fits() -> AppTest:
@@ -59,7 +60,11 @@ def test_default_render_shows_the_ranking():
     columns = json.loads(at.dataframe[0].proto.columns)
     columns.pop("_index", None)  # the hidden index
     assert set(columns) == set(table.columns)
-    assert sum(c["width"] for c in columns.values()) <= TABLE_WIDTH_PX
+    shown = {name: c for name, c in columns.items() if not c.get("hidden")}
+    assert set(shown) == set(table.columns) - {"peak (bytes)"}  # raw bytes hidden (the report keeps them)
+    assert sum(c["width"] for c in shown.values()) <= TABLE_WIDTH_PX
+    # The sidebar's own plan fits the T4: it is first, changing nothing.
+    assert table["changes"][0] == "none (your plan)" and not expected.options[0].changes
 
 
 def test_apply_writes_the_plan_into_the_sidebar():
@@ -139,3 +144,41 @@ def test_plan_to_apply_follows_a_sidebar_change_and_applies_what_it_shows():
     at.button(key="fit_apply").click().run()
     for key, value in plan_state(first).items():
         assert at.session_state[key] == value
+
+
+def test_risky_changes_only_when_allowed_and_labelled():
+    at = what_fits()
+    table = at.dataframe[0].value
+    assert "sgd" not in set(table["optimizer"]) and not any(table["risks"])
+    at.checkbox(key="fit_allow_risky").check().run()
+    assert not at.exception and not at.error
+    expected = expected_result(allow_risky=True)
+    table = at.dataframe[0].value
+    assert list(table["peak (bytes)"]) == [o.peak_bytes for o in expected.options]
+    for optimizer, risks in zip(table["optimizer"], table["risks"]):
+        assert (optimizer == "sgd") == ("SGD for a language model" in risks)
+    assert "sgd" in set(table["optimizer"])
+
+
+def test_nothing_fits_shows_the_nearest_plans_and_their_misses():
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.run()
+    at.selectbox(key="catalog_model").set_value("llama-2-7b").run()
+    at.selectbox(key="task").set_value("causal-lm").run()
+    at.switch_page("app_pages/what_fits.py").run()
+    assert not at.exception, at.exception
+    assert at.warning[0].value.startswith("Nothing fits")
+    table = at.dataframe[0].value
+    values = SidebarValues.from_state({**DEFAULTS, "catalog_model": "llama-2-7b", "task": "causal-lm"})
+    shape = load_model_shape("llama-2-7b", Task.CAUSAL_LM)
+    capacity = capacity_bytes(values)
+    assert len(table) and list(table["over by (%)"]) == sorted(table["over by (%)"])
+    for row in table.to_dict("records"):
+        plan = scenario_from_values(task="causal-lm", batch_size=int(row["micro-batch"]), seq_len=values.seq_len,
+                                    optimizer=row["optimizer"], precision=row["precision"],
+                                    gradient_checkpointing=bool(row["checkpointing"]),
+                                    grad_accum=int(row["accumulation"]))
+        over = estimate(shape, plan).peak_bytes - capacity
+        assert int(row["over by (bytes)"]) == over > 0
+        assert row["over by (%)"] == pytest.approx(100 * over / capacity)
+    assert any("LoRA plans left out" in c.value for c in at.caption)

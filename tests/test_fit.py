@@ -9,18 +9,39 @@ import json
 import time
 
 import pytest
-
 from conftest import tiny_config
+
 from planner.cli import main
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
-from planner.fit import FIT_ERROR_MARGIN, SEARCH_STRATEGIES, SHARDING_NOTE, FitTarget, find_fits, smallest_plan
-from planner.parallel import parallel_estimate
-from planner.strategy import ParallelPlan, Strategy
+from planner.finetune import FineTune, Method
+from planner.fit import (
+    FIT_ERROR_MARGIN,
+    NEAREST_SHOWN,
+    SEARCH_OPTIMIZERS,
+    SEARCH_STRATEGIES,
+    SHARDING_NOTE,
+    ChangeKind,
+    Cost,
+    FitTarget,
+    Risk,
+    change_rank,
+    find_fits,
+    smallest_plan,
+)
 from planner.gpus import GPUS, nearest_gpu
 from planner.loading import load_model_shape, model_shape_for_config
-from planner.scenario import Checkpointing, Optimizer, Precision, Task, scenario_from_values
+from planner.parallel import parallel_estimate
+from planner.scenario import (
+    Checkpointing,
+    Device,
+    Optimizer,
+    Precision,
+    Task,
+    scenario_from_values,
+)
 from planner.step_time import step_time
+from planner.strategy import ParallelPlan, Strategy
 from planner.units import GIB
 from runners.measure import measure_in_process
 from runners.request import Mode
@@ -39,13 +60,13 @@ def base(task="causal-lm", seq_len=256, **overrides):
 
 def test_options_are_ranked_and_carry_the_fields(gpt2):
     result = find_fits(gpt2, base(), 8 * GIB, FitTarget(256, effective_batch=32), A10)
-    assert result.ranked_by == "step time" and result.options
-    times = [o.step_time_s for o in result.options]
-    assert times == sorted(times)
+    assert result.ranked_by == "fewest and safest changes to your plan, then step time" and result.options
+    keys = [(change_rank(o.changes), o.step_time_s) for o in result.options]
+    assert keys == sorted(keys)
     for option in result.options:
         j = option.to_json()
         for key in ("optimizer", "precision", "gradient_checkpointing", "grad_accum", "strategy",
-                    "max_batch_size", "peak_bytes", "step_time_s"):
+                    "max_batch_size", "peak_bytes", "step_time_s", "changes", "risks", "finetune"):
             assert key in j
         assert j["strategy"] == "single"
         assert j["batch_size"] * j["grad_accum"] == 32  # the target effective batch, exactly
@@ -60,7 +81,7 @@ def test_a_gpu_without_bf16_is_offered_fp16_mixed_and_never_bf16(gpt2):
     assert {o.scenario.precision for o in t4.options} == {Precision.FP32, Precision.FP16_MIXED}
     assert t4.combinations == 4 * 2 * 2 * 6  # fp32 and fp16-mixed only
     assert any("no bf16 tensor cores" in note for note in t4.notes)
-    a10 = find_fits(gpt2, base(), 8 * GIB, target, A10)
+    a10 = find_fits(gpt2, base(), 8 * GIB, target, A10, allow_risky=True)  # pure bf16 is a risky change
     assert Precision.FP16_MIXED not in {o.scenario.precision for o in a10.options}
     assert {Precision.BF16_MIXED, Precision.BF16} <= {o.scenario.precision for o in a10.options}
     _, smallest, _ = smallest_plan(gpt2, base(), 256, gpu=GPUS["t4"])
@@ -69,7 +90,8 @@ def test_a_gpu_without_bf16_is_offered_fp16_mixed_and_never_bf16(gpt2):
 
 def test_search_agrees_with_estimate(gpt2):
     capacity = 6 * GIB
-    result = find_fits(gpt2, base(), capacity, FitTarget(256, effective_batch=16), A10)
+    # Risky changes allowed: every combination searched, SGD and pure bf16 included.
+    result = find_fits(gpt2, base(), capacity, FitTarget(256, effective_batch=16), A10, allow_risky=True)
     assert result.options
     for option in result.options:
         plan = option.scenario
@@ -95,9 +117,9 @@ def test_batch_target_and_largest_batch_modes(gpt2):
     fixed = find_fits(gpt2, base(), 8 * GIB, FitTarget(256, batch_size=4), A10)
     assert all(o.scenario.batch_size == 4 and o.scenario.grad_accum_steps == 1 for o in fixed.options)
     largest = find_fits(gpt2, base(), 8 * GIB, FitTarget(256), A10)
-    assert largest.ranked_by == "time per sequence"
+    assert largest.ranked_by.endswith("then time per sequence")
     assert all(o.scenario.batch_size == o.max_batch_size for o in largest.options)
-    per_sequence = [o.seconds_per_sequence for o in largest.options]
+    per_sequence = [(change_rank(o.changes), o.seconds_per_sequence) for o in largest.options]
     assert per_sequence == sorted(per_sequence)
     assert find_fits(gpt2, base(), 100 * 2**20, FitTarget(256), A10).options == ()  # nothing fits 100 MiB
 
@@ -134,9 +156,11 @@ def test_step_time_model(gpt2):
 
 def test_cli_fit_json_and_errors(capsys):
     assert main(["fit", "--config", "gpt2", "--gpu-memory-gib", "8", "--seq-len", "256",
-                 "--effective-batch", "16", "--json"]) == 0
+                 "--effective-batch", "4", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert rows and rows[0]["step_time_s"] <= rows[-1]["step_time_s"]
+    # The CLI's default plan (AdamW, fp32, the whole batch in one micro-batch) fits 8 GiB: it is first.
+    assert estimate(load_model_shape("gpt2", Task.CAUSAL_LM), base(batch_size=4)).peak_bytes <= 8 * GIB
+    assert rows and rows[0]["fits"] and rows[0]["changes"] == [] and rows[0]["optimizer"] == "adamw"
     assert {"optimizer", "precision", "gradient_checkpointing", "grad_accum", "strategy", "max_batch_size",
             "peak_bytes", "step_time_s"} <= set(rows[0])
     assert main(["fit", "--config", "gpt2", "--gpu", "a10", "--num-devices", "2", "--seq-len", "128"]) == 0
@@ -181,7 +205,7 @@ def test_largest_batch_against_simulated_runs(name, task, reference_batch):
     plan_base = base(task=task, seq_len=SEQ, device="cpu")
     shape = model_shape_for_config(tiny_config(name), plan_base.task, plan_base.num_labels, name)
     capacity = estimate(shape, dataclasses.replace(plan_base, batch_size=reference_batch)).peak_bytes
-    best = find_fits(shape, plan_base, capacity, FitTarget(SEQ), A10, with_max_seq_len=False).options[0]
+    best = find_fits(shape, plan_base, capacity, FitTarget(SEQ), A10, with_max_seq_len=False, lora=False).options[0]
     at_max = best.scenario
     assert at_max.batch_size == best.max_batch_size <= 64
     fitted = _simulated_peak(name, at_max)
@@ -200,7 +224,8 @@ def test_eight_bit_mixed_checkpointed_distilbert_is_safe():
     plan_base = base(task=task, seq_len=SEQ, device="cpu")
     shape = model_shape_for_config(tiny_config(name), plan_base.task, plan_base.num_labels, name)
     capacity = estimate(shape, dataclasses.replace(plan_base, batch_size=2)).peak_bytes
-    option = next(o for o in find_fits(shape, plan_base, capacity, FitTarget(SEQ), A10, with_max_seq_len=False).options
+    option = next(o for o in find_fits(shape, plan_base, capacity, FitTarget(SEQ), A10, with_max_seq_len=False,
+                                       lora=False).options
                   if o.scenario.optimizer is Optimizer.ADAMW8BIT and o.scenario.precision is Precision.BF16_MIXED
                   and o.scenario.checkpointing is Checkpointing.EVERY_LAYER)
     assert _simulated_peak(name, option.scenario) <= capacity
@@ -236,8 +261,29 @@ def test_report_carries_the_fit_finders_best_options(tmp_path):
                          with_max_seq_len=False).options
     assert report["what_fits"], "a 124M model fits 24 GiB"
     assert [row["peak (bytes)"] for row in report["what_fits"]] == [o.peak_bytes for o in expected[:10]]
+    assert report["what_fits"][0]["changes"] == "none (your plan)"  # the plan itself fits 24 GiB
+    assert [row["changes"] for row in report["what_fits"][1:]] == [
+        "; ".join(c.text for c in o.changes) for o in expected[1:10]]
+    assert report["what_fits_nearest"] == []
     markdown = write_report(values, tmp_path / "plan.md").read_text()
-    assert "## What fits" in markdown
+    assert "## What fits" in markdown and "| changes | risks |" in markdown
+
+
+def test_report_lists_the_nearest_plans_when_nothing_fits(tmp_path):
+    from reporting import write_report
+
+    values = {"config": "gpt2", "task": "causal-lm", "batch_size": 4, "seq_len": 512, "gpu": "0.5"}
+    report = json.loads(write_report(values, tmp_path / "plan.json").read_text())
+    shape = load_model_shape("gpt2", Task.CAUSAL_LM)
+    assert report["what_fits"] == [] and report["what_fits_nearest"]
+    for row in report["what_fits_nearest"]:
+        plan = scenario_from_values(task="causal-lm", batch_size=row["micro-batch"], seq_len=512,
+                                    optimizer=row["optimizer"], precision=row["precision"],
+                                    gradient_checkpointing=row["checkpointing"], grad_accum=row["accumulation"])
+        assert row["over by (bytes)"] == estimate(shape, plan).peak_bytes - GIB // 2 > 0
+    assert any(line.startswith("LoRA plans left out") for line in report["what_fits_left_out"])
+    markdown = write_report(values, tmp_path / "plan.md").read_text()
+    assert "The nearest plans" in markdown and "| over by (%) |" in markdown
 
 
 def test_sharding_makes_a_7b_model_fit_where_ddp_cannot():
@@ -253,3 +299,139 @@ def test_sharding_makes_a_7b_model_fit_where_ddp_cannot():
     assert adamw_mixed and not [o for o in adamw_mixed if o.strategy in (Strategy.DDP, Strategy.ZERO1)]
     assert {o.strategy for o in adamw_mixed} >= {Strategy.FSDP_FULL_SHARD}
     assert all(o.peak_bytes <= 24 * GIB for o in result.options)
+
+
+# --- Ranking by the fewest and safest changes to the user's plan ----------------------
+
+A100 = GPUS["a100-80gb"]
+
+
+@pytest.fixture(scope="module")
+def mistral():
+    return load_model_shape("mistral-7b-v0.1", Task.CAUSAL_LM)
+
+
+def _risky(scenario) -> set:
+    """The risks a plan takes against an AdamW, bf16-mixed plan, read from its fields alone."""
+    return ({Risk.SGD} if scenario.optimizer is Optimizer.SGD else set()) | (
+        {Risk.PURE_BF16} if scenario.precision is Precision.BF16 else set())
+
+
+def test_mistral_on_8_a100_keeps_adamw_unless_risky_changes_are_allowed(mistral, capsys):
+    """Full fine-tuning of Mistral-7B on 8 x A100 80 GB, effective batch 64: ranked by step
+    time alone, the fastest plan that fits is SGD or pure bf16 (what the finder used to put
+    first); ranked by changes to an AdamW bf16-mixed plan, the first plan keeps AdamW and
+    bf16-mixed, and no SGD or pure bf16 plan is proposed unless risky changes are allowed,
+    each then labelled with exactly its risks."""
+    own = base(seq_len=2048, precision="bf16-mixed")
+    target = FitTarget(2048, effective_batch=64)
+    allowed = find_fits(mistral, own, A100.capacity_bytes, target, A100, 8, with_max_seq_len=False,
+                        allow_risky=True)
+    fastest = min(allowed.options, key=lambda o: o.step_time_s)
+    assert _risky(fastest.scenario), "step time alone proposes SGD or pure bf16"
+    safe = find_fits(mistral, own, A100.capacity_bytes, target, A100, 8, with_max_seq_len=False)
+    first = safe.options[0].scenario
+    assert (first.optimizer, first.precision) == (Optimizer.ADAMW, Precision.BF16_MIXED)
+    assert not [o for o in safe.options if _risky(o.scenario)] and safe.risky_left_out > 0
+    assert any("risk model quality" in note for note in safe.notes)
+    risky = [o for o in allowed.options if _risky(o.scenario)]
+    assert {Risk.SGD, Risk.PURE_BF16} <= {r for o in risky for r in o.risks}
+    for option in allowed.options:
+        assert set(option.risks) == _risky(option.scenario)
+        assert option.to_json()["risks"] == [r.value for r in option.risks]
+    # Allowed, risky plans still rank after every plan that risks nothing.
+    assert allowed.options[:len(safe.options)] == safe.options
+    # The CLI, from the same plan: AdamW first, SGD and pure bf16 only with --allow-risky.
+    argv = ["fit", "--config", "mistral-7b-v0.1", "--gpu", "a100-80gb", "--num-devices", "8", "--seq-len", "2048",
+            "--effective-batch", "64", "--precision", "bf16-mixed", "--json"]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)[0]
+    assert (first["optimizer"], first["precision"], first["strategy"]) == ("adamw", "bf16-mixed",
+                                                                         safe.options[0].strategy.value)
+    assert main([*argv, "--allow-risky"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {(r["optimizer"], r["precision"], tuple(r["risks"])) for r in rows if r["risks"]} >= {
+        ("sgd", "bf16-mixed", (Risk.SGD.value,)), ("adamw", "bf16", (Risk.PURE_BF16.value,))}
+
+
+def test_the_users_own_plan_ranks_first_when_it_fits(gpt2):
+    # torch's Adafactor is not among the searched optimizers: the user's own is searched too.
+    own = base(batch_size=4, grad_accum=2, optimizer="adafactor", precision="bf16-mixed")
+    assert Optimizer.ADAFACTOR not in SEARCH_OPTIMIZERS
+    capacity = 8 * GIB
+    assert estimate(gpt2, own).peak_bytes <= capacity
+    result = find_fits(gpt2, own, capacity, FitTarget(256, effective_batch=8), A10)
+    first = result.options[0]
+    assert first.changes == () and first.scenario == own
+    assert all(o.changes for o in result.options[1:])
+    faster = [o for o in result.options if o.step_time_s < first.step_time_s]
+    assert faster, "a plan with changes is faster: the user's plan is first because it changes nothing"
+
+
+def test_checkpointing_alone_ranks_above_an_optimizer_change(gpt2):
+    """On a GPU where the plan fits only with checkpointing or with 8-bit AdamW, the plan
+    that adds checkpointing (a memory technique, the same updates) ranks above the one that
+    swaps the optimizer, though the swap is faster (no recomputation)."""
+    own = base(batch_size=8, seq_len=512)
+    checkpointed = dataclasses.replace(own, checkpointing=Checkpointing.EVERY_LAYER)
+    eight_bit = dataclasses.replace(own, optimizer=Optimizer.ADAMW8BIT)
+    capacity = max(estimate(gpt2, checkpointed).peak_bytes, estimate(gpt2, eight_bit).peak_bytes)
+    assert estimate(gpt2, own).peak_bytes > capacity  # the plan itself does not fit
+    result = find_fits(gpt2, own, capacity, FitTarget(512, batch_size=8), A10, with_max_seq_len=False)
+    plans = [o.scenario for o in result.options]
+    ckpt, swap = plans.index(checkpointed), plans.index(eight_bit)
+    assert ckpt < swap and ckpt == 0
+    assert [c.kind for c in result.options[ckpt].changes] == [ChangeKind.CHECKPOINTING]
+    assert [(c.kind, c.cost) for c in result.options[swap].changes] == [(ChangeKind.OPTIMIZER, Cost.SWAP)]
+    assert result.options[swap].step_time_s < result.options[ckpt].step_time_s
+
+
+def test_nothing_fits_lists_the_nearest_plans_and_their_misses(gpt2, capsys):
+    capacity = 600 * 2**20  # gpt2's fp32 weights alone are 475 MiB
+    own = base(seq_len=256)
+    result = find_fits(gpt2, own, capacity, FitTarget(256, effective_batch=4), A10)
+    assert result.options == () and 0 < len(result.nearest) <= NEAREST_SHOWN
+    for miss in result.nearest:
+        peak = estimate(gpt2, miss.scenario).peak_bytes
+        assert miss.peak_bytes == peak and miss.over_bytes == peak - capacity > 0
+        assert miss.over_pct == pytest.approx(100 * (peak - capacity) / capacity)
+        assert not _risky(miss.scenario) and miss.to_json()["over_bytes"] == peak - capacity
+    misses = [m.over_bytes for m in result.nearest]
+    assert misses == sorted(misses)
+    # The nearest is the lowest peak of every non-risky combination, recomputed here.
+    lowest = min(estimate(gpt2, dataclasses.replace(own, optimizer=o, precision=p, checkpointing=c,
+                                                    batch_size=4 // k, grad_accum_steps=k)).peak_bytes
+                 for o in (Optimizer.ADAMW, Optimizer.ADAMW8BIT, Optimizer.HF_ADAFACTOR)
+                 for p in (Precision.FP32, Precision.BF16_MIXED) for c in Checkpointing for k in (1, 2, 4))
+    assert result.nearest[0].peak_bytes == lowest
+    # The CLI prints them (and, as JSON, marks them as not fitting).
+    argv = ["fit", "--config", "gpt2", "--gpu-memory-gib", str(capacity / GIB), "--gpu", "a10", "--seq-len", "256",
+            "--effective-batch", "4"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "Nearest plans" in text and f"{result.nearest[0].over_pct:.1f}%" in text
+    assert main([*argv, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["over_bytes"] for r in rows] == misses and not any(r["fits"] for r in rows)
+
+
+def test_lora_plans_beside_full_ones_where_the_estimate_plans_them():
+    """Device cpu: LoRA plans (PEFT's default r 16, all-linear) rank after every full plan
+    (they train other parameters), each peak the estimate's. Device cuda: left out, saying
+    the estimate's own reason; QLoRA likewise."""
+    name = "tiny-gpt2"
+    own = base(seq_len=SEQ, device="cpu", batch_size=2)
+    shape = model_shape_for_config(tiny_config(name), own.task, own.num_labels, name)
+    result = find_fits(shape, own, GIB, FitTarget(SEQ, batch_size=2), A10, with_max_seq_len=False)
+    lora = [o for o in result.options if o.scenario.finetune.uses_adapters]
+    full = [o for o in result.options if not o.scenario.finetune.uses_adapters]
+    assert lora and full and result.options == (*full, *lora)
+    for option in lora:
+        assert option.changes[0].text == "fine-tuning full -> lora r16" and option.changes[0].cost is Cost.METHOD
+        assert option.peak_bytes == estimate(shape, option.scenario).peak_bytes
+    assert [line.split(":")[0] for line in result.left_out] == ["QLoRA plans left out"]
+    with pytest.raises(PlannerInputError) as refused:
+        estimate(shape, dataclasses.replace(own, device=Device.CUDA, finetune=FineTune(Method.LORA)))
+    on_cuda = find_fits(shape, dataclasses.replace(own, device=Device.CUDA), GIB, FitTarget(SEQ, batch_size=2), A10)
+    assert f"LoRA plans left out: {refused.value}" in on_cuda.left_out
+    assert not [o for o in on_cuda.options if o.scenario.finetune.uses_adapters]
