@@ -30,22 +30,18 @@ def render() -> None:
         st.success(verdict.headline, icon=":material/check_circle:")
     else:
         st.warning(verdict.headline, icon=":material/block:")
-    peak_column, capacity_column, margin_column = st.columns(3)
+    on_cuda = verdict.overheads is not None
+    columns = st.columns(4 if on_cuda else 3)
+    peak_column, capacity_column, margin_column = columns[0], columns[1], columns[-1]
     peak_column.metric("Peak per GPU" if parallel.distributed else "Peak", format_bytes(verdict.peak_bytes),
                        help="Live tensors at the step's peak.")
-    capacity_column.metric("Usable capacity" if verdict.overheads is not None else "Capacity",
-                           format_bytes(verdict.usable_capacity_bytes),
-                           help=f"{format_bytes(verdict.capacity_bytes)} as the driver reports it"
-                                + (f", less {format_bytes(verdict.overhead_bytes)} of CUDA overheads outside the "
-                                   "caching allocator" if verdict.overheads is not None else "") + ".")
+    capacity_column.metric("Capacity", format_bytes(verdict.capacity_bytes), help="The total the driver reports.")
+    if on_cuda:
+        columns[2].metric("Usable capacity", format_bytes(verdict.usable_capacity_bytes),
+                          help=f"Less {format_bytes(verdict.overhead_bytes)} of CUDA overheads outside the caching "
+                               f"allocator; the margin also counts torch's {format_bytes(verdict.allocator_blocks_bytes)} "
+                               "of cuBLAS workspaces.")
     margin_column.metric("Margin", f"{verdict.margin_gib:+,.2f} GiB")
-    if verdict.overheads is not None:
-        with st.expander("Allocated, reserved and CUDA overheads", expanded=False):
-            st.dataframe(verdict_table(verdict), hide_index=True,
-                         column_config={"bytes": st.column_config.NumberColumn("bytes", format="localized")})
-            if verdict.caveat:
-                st.caption(f"Reserved memory: {verdict.caveat}. Every overhead is documented, not yet measured "
-                           "here (docs/cuda_overheads.md).")
     if context.per_device is None:
         st.markdown(f"The peak is in the **{result.peak_phase.value}** phase: {result.peak_reason}.")
     else:
@@ -77,6 +73,13 @@ def render() -> None:
         hide_index=True,
         column_config={"bytes": st.column_config.NumberColumn("bytes", format="localized")},
     )
+    if verdict.overheads is not None:
+        with st.expander("Allocated, reserved and CUDA overheads", expanded=False):
+            st.dataframe(verdict_table(verdict), hide_index=True,
+                         column_config={"bytes": st.column_config.NumberColumn("bytes", format="localized")})
+            if verdict.caveat:
+                st.caption(f"Reserved memory: {verdict.caveat}. Every overhead is documented, not yet measured "
+                           "here (docs/cuda_overheads.md).")
     st.caption(
         f"Activations saved by one micro-batch's forward: {format_bytes(result.activations_bytes)}. "
         + ("The largest batch and sequence leave room for the CUDA overheads and torch's allocator blocks."
