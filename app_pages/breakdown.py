@@ -1,18 +1,20 @@
 """What the Plan page shows, computed here so the page only lays it out: the peak's
-breakdown by memory category as a table, and the fits / does-not-fit verdict.
+breakdown by memory category as a table, and the fits / does-not-fit verdict (planner.verdict)
+with what it adds on CUDA as a table.
 
 Raw bytes first, formatted last (binary units, planner.units).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pandas as pd
 
 from planner.estimate import Estimate
+from planner.gpus import GpuSpec
 from planner.parallel import ParallelEstimate
-from planner.units import bytes_to_gib, format_bytes
+from planner.strategy import ParallelPlan
+from planner.units import format_bytes
+from planner.verdict import DeviceVerdict, device_verdict
 
 # PhaseMemory field -> label, in the order the planner and the runners list them.
 CATEGORY_LABELS = {
@@ -50,33 +52,32 @@ def breakdown_table(result: Estimate | ParallelEstimate) -> pd.DataFrame:
     })
 
 
-@dataclass(frozen=True)
-class Verdict:
-    peak_bytes: int
-    capacity_bytes: int
-
-    @property
-    def fits(self) -> bool:
-        return self.peak_bytes <= self.capacity_bytes
-
-    @property
-    def margin_bytes(self) -> int:
-        """Capacity left over at the peak; negative when the peak does not fit."""
-        return self.capacity_bytes - self.peak_bytes
-
-    @property
-    def margin_gib(self) -> float:
-        return bytes_to_gib(self.margin_bytes)
-
-    @property
-    def headline(self) -> str:
-        capacity = f"{bytes_to_gib(self.capacity_bytes):,.2f} GiB"
-        if self.fits:
-            return (f"Fits: the peak of {format_bytes(self.peak_bytes)} leaves "
-                    f"{self.margin_gib:,.2f} GiB of the {capacity} free.")
-        return (f"Does not fit: the peak of {format_bytes(self.peak_bytes)} exceeds "
-                f"the {capacity} by {-self.margin_gib:,.2f} GiB.")
+def verdict_for(result: Estimate | ParallelEstimate, capacity_bytes: int, gpu: GpuSpec | None = None,
+                plan: ParallelPlan | None = None) -> DeviceVerdict:
+    """The verdict on one GPU (planner.verdict): on CUDA with the overheads of `gpu` (None: a
+    custom size, their larger figures) under `plan`."""
+    scenario = result.base.scenario if isinstance(result, ParallelEstimate) else result.scenario
+    return device_verdict(peak_bytes(result), capacity_bytes, scenario.device, gpu, plan)
 
 
-def verdict_for(result: Estimate | ParallelEstimate, capacity_bytes: int) -> Verdict:
-    return Verdict(peak_bytes=peak_bytes(result), capacity_bytes=capacity_bytes)
+def verdict_table(verdict: DeviceVerdict) -> pd.DataFrame:
+    """Allocated, reserved and overheads side by side, then the usable capacity and the margin."""
+    rows = [("Live tensors at the peak", verdict.peak_bytes, "the step's peak (breakdown below)")]
+    if verdict.overheads is not None:
+        rows += [(item.name, item.bytes, f"inside reserved memory; {item.kind.value}: {item.source}")
+                 for item in verdict.overheads.allocator_items]
+        rows.append(("Allocated peak", verdict.allocated_peak_bytes, "live tensors + torch's allocator blocks"))
+        rows.append(("Reserved peak", verdict.reserved_peak_bytes, verdict.caveat or "the caching allocator replayed"))
+        rows += [(item.name, item.bytes, f"outside the allocator; {item.kind.value}: {item.source}")
+                 for item in verdict.overheads.items]
+    rows += [("Capacity (driver's total)", verdict.capacity_bytes, "nvidia-smi memory.total"),
+             ("Usable capacity", verdict.usable_capacity_bytes, "capacity less what lives outside the allocator"),
+             ("Margin", verdict.margin_bytes, "usable capacity less " + (
+                 "the peak" if verdict.overheads is None else
+                 "the reserved peak" if verdict.reserved_peak_bytes is not None else "the allocated peak"))]
+    return pd.DataFrame({
+        "item": [r[0] for r in rows],
+        "bytes": pd.Series([r[1] for r in rows], dtype="Int64"),
+        "size": [format_bytes(r[1]) if r[1] is not None else "not replayed" for r in rows],
+        "source": [r[2] for r in rows],
+    })

@@ -15,9 +15,20 @@ from planner.catalog import catalog_config, catalog_entries
 from planner.config_source import config_from_bytes
 from planner.config_task import config_task
 from planner.errors import PlannerInputError
-from planner.gpus import MAX_GPU_GIB, capacity_bytes_from_gib
-from planner.scenario import (MAX_BATCH_SIZE, MAX_GRAD_ACCUM, MAX_NUM_LABELS, MAX_SEQ_LEN, Attention, Device,
-                              Optimizer, Precision, Scenario, Task, scenario_from_values)
+from planner.gpus import GPUS, MAX_GPU_GIB, GpuSpec, capacity_bytes_from_gib
+from planner.scenario import (
+    MAX_BATCH_SIZE,
+    MAX_GRAD_ACCUM,
+    MAX_NUM_LABELS,
+    MAX_SEQ_LEN,
+    Attention,
+    Device,
+    Optimizer,
+    Precision,
+    Scenario,
+    Task,
+    scenario_from_values,
+)
 from planner.strategy import MAX_DEVICES, ParallelPlan, Strategy, parse_strategy
 from planner.units import MIB
 
@@ -70,6 +81,18 @@ GPU_PRESETS: dict[str, int | None] = {
     "H100 · 80 GB": 81559 * MIB,
     "H200 · 141 GB": 143771 * MIB,
     CUSTOM_GPU: None,  # read from gpu_custom_gib
+}
+# The planner.gpus row behind each preset: its compute capability and driver reservation
+# size the CUDA overheads (planner.cuda_overheads). The 24 GB row is the A10, the card its
+# capacity is; a custom size has none, and the overheads take their larger figures.
+GPU_PRESET_KEYS: dict[str, str | None] = {
+    "T4 · 16 GB": "t4",
+    "L4 / A10 / RTX 4090 · 24 GB": "a10",
+    "A100 · 40 GB": "a100-40gb",
+    "A100 · 80 GB": "a100-80gb",
+    "H100 · 80 GB": "h100",
+    "H200 · 141 GB": "h200",
+    CUSTOM_GPU: None,
 }
 
 DEFAULT_MODEL = "distilbert-base-cased"  # the lessons' model
@@ -192,6 +215,13 @@ def capacity_bytes(values: SidebarValues) -> int:
     if preset is not None:
         return preset
     return capacity_bytes_from_gib(values.gpu_custom_gib, "GPU capacity")
+
+
+def gpu_for(values: SidebarValues) -> GpuSpec | None:
+    """The known GPU of the sidebar's preset; None for a custom size."""
+    capacity_bytes(values)  # the preset's one-line error, if it is not one
+    key = GPU_PRESET_KEYS[values.gpu_preset]
+    return GPUS[key] if key is not None else None
 
 
 def parallel_plan_for(values: SidebarValues) -> ParallelPlan:

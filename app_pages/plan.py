@@ -7,13 +7,14 @@ Layout only: numbers come from planner.estimate and the plain app_pages modules.
 
 import streamlit as st
 
-from app_pages.breakdown import breakdown_table, verdict_for
+from app_pages.breakdown import breakdown_table, verdict_for, verdict_table
 from app_pages.comparison import batch_sizes_for_chart, memory_vs_batch
 from app_pages.figures import memory_vs_batch_figure, phase_breakdown_figure
-from app_pages.inputs import total_capacity_bytes
+from app_pages.inputs import gpu_for, total_capacity_bytes
 from app_pages.page_context import start_page
 from planner.fit import fit_limits
 from planner.units import format_bytes
+from planner.verdict import tensor_budget_bytes
 
 
 def render() -> None:
@@ -23,14 +24,23 @@ def render() -> None:
     result, capacity, shape = context.result, context.capacity_bytes, context.shape
     per_gpu, parallel = context.per_gpu, context.parallel  # one device's plan, or one GPU's share of it
 
-    verdict = verdict_for(per_gpu, capacity)
+    gpu = gpu_for(context.values)
+    verdict = verdict_for(per_gpu, capacity, gpu, parallel)
     if verdict.fits:
         st.success(verdict.headline, icon=":material/check_circle:")
     else:
         st.warning(verdict.headline, icon=":material/block:")
-    peak_column, capacity_column, margin_column = st.columns(3)
-    peak_column.metric("Peak per GPU" if parallel.distributed else "Peak", format_bytes(verdict.peak_bytes))
-    capacity_column.metric("Capacity", format_bytes(verdict.capacity_bytes))
+    on_cuda = verdict.overheads is not None
+    columns = st.columns(4 if on_cuda else 3)
+    peak_column, capacity_column, margin_column = columns[0], columns[1], columns[-1]
+    peak_column.metric("Peak per GPU" if parallel.distributed else "Peak", format_bytes(verdict.peak_bytes),
+                       help="Live tensors at the step's peak.")
+    capacity_column.metric("Capacity", format_bytes(verdict.capacity_bytes), help="The total the driver reports.")
+    if on_cuda:
+        columns[2].metric("Usable capacity", format_bytes(verdict.usable_capacity_bytes),
+                          help=f"Less {format_bytes(verdict.overhead_bytes)} of CUDA overheads outside the caching "
+                               f"allocator; the margin also counts torch's {format_bytes(verdict.allocator_blocks_bytes)} "
+                               "of cuBLAS workspaces.")
     margin_column.metric("Margin", f"{verdict.margin_gib:+,.2f} GiB")
     if context.per_device is None:
         st.markdown(f"The peak is in the **{result.peak_phase.value}** phase: {result.peak_reason}.")
@@ -43,7 +53,8 @@ def render() -> None:
             f"{placement['optimizer_state']}; {format_bytes(total_capacity_bytes(context.values))} in all. "
             "Every GPU trains its own micro-batch; the Multiple GPUs page compares the strategies and their traffic.")
 
-    limits = fit_limits(shape, context.scenario, capacity, plan=parallel)
+    budget = tensor_budget_bytes(capacity, context.scenario.device, gpu, parallel)
+    limits = fit_limits(shape, context.scenario, budget, plan=parallel)
     batch_column, seq_column = st.columns(2)
     batch_text = "none" if limits.batch_size is None else f"{limits.batch_size:,}"
     seq_text = "none" if limits.seq_len is None else f"{limits.seq_len:,}"
@@ -62,18 +73,26 @@ def render() -> None:
         hide_index=True,
         column_config={"bytes": st.column_config.NumberColumn("bytes", format="localized")},
     )
+    if verdict.overheads is not None:
+        with st.expander("Allocated, reserved and CUDA overheads", expanded=False):
+            st.dataframe(verdict_table(verdict), hide_index=True,
+                         column_config={"bytes": st.column_config.NumberColumn("bytes", format="localized")})
+            if verdict.caveat:
+                st.caption(f"Reserved memory: {verdict.caveat}. Every overhead is documented, not yet measured "
+                           "here (docs/cuda_overheads.md).")
     st.caption(
         f"Activations saved by one micro-batch's forward: {format_bytes(result.activations_bytes)}. "
-        "Capacity is the total the driver reports; the CUDA context and the caching allocator's "
-        "slack take part of it and are not in the peak."
+        + ("The largest batch and sequence leave room for the CUDA overheads and torch's allocator blocks."
+           if verdict.overheads is not None else "On CPU there are no CUDA overheads.")
     )
-    st.plotly_chart(phase_breakdown_figure(per_gpu, capacity), width="stretch", key="phase_chart")
+    # Charts of live tensors draw what they may take: the capacity less the CUDA overheads.
+    st.plotly_chart(phase_breakdown_figure(per_gpu, max(budget, 0)), width="stretch", key="phase_chart")
     for note in result.notes:
         st.info(note, icon=":material/info:")
 
     st.subheader("Peak against batch size, by technique")
     series = memory_vs_batch(shape, context.base_values, batch_sizes_for_chart(limits.batch_size))
-    st.plotly_chart(memory_vs_batch_figure(series, capacity, title=f"{shape.name}: peak against batch size "
+    st.plotly_chart(memory_vs_batch_figure(series, max(budget, 0), title=f"{shape.name}: peak against batch size "
                                                                   f"at {context.scenario.seq_len:,} tokens"),
                     width="stretch", key="batch_chart")
     one_device = (" on one GPU holding a full replica (the sidebar's strategy is not applied here)"

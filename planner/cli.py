@@ -30,7 +30,13 @@ from planner.fit import (
     micro_batch_bound,
     smallest_plan,
 )
-from planner.gpus import GPUS, capacity_bytes_from_gib, gpu_spec, nearest_gpu
+from planner.gpus import (
+    GPUS,
+    capacity_bytes_from_gib,
+    gpu_from_text,
+    gpu_spec,
+    nearest_gpu,
+)
 from planner.loading import load_model_shape
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
@@ -53,6 +59,12 @@ from planner.strategy import (
     parse_strategy,
 )
 from planner.units import format_bytes
+from planner.verdict import (
+    RESERVED_NOT_REPLAYED,
+    DeviceVerdict,
+    device_overheads,
+    device_verdict,
+)
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -159,6 +171,7 @@ def _build_parser() -> argparse.ArgumentParser:
     one = commands.add_parser("estimate", help="estimate one scenario")
     add_scenario_flags(one)
     add_parallel_flags(one)
+    one.add_argument("--gpu", help=f"GPU for the fits / does not fit verdict: {', '.join(GPUS)} or a size in GiB")
     one.add_argument("--json", action="store_true", help="print one JSON object (integer bytes)")
     many = commands.add_parser("batch", help="estimate one scenario per line of a JSONL file")
     many.add_argument("file", help="JSONL file, one scenario object per line")
@@ -203,9 +216,27 @@ def parallel_from_values(values: dict, base_dir: Path | None = None, allow_hub: 
 
 
 def result_json(values: dict, base_dir: Path | None = None, allow_hub: bool = False) -> dict:
-    """The estimate's JSON with the per-device and communication keys of its plan."""
+    """The estimate's JSON with the per-device and communication keys of its plan, and on
+    CUDA the verdict's (planner.verdict: overheads itemised; capacity keys with a `gpu`)."""
     result = parallel_from_values(values, base_dir, allow_hub)
-    return {**result.base.to_json(), **result.to_json()}
+    data = {**result.base.to_json(), **result.to_json()}
+    verdict = verdict_from_values(values, result)
+    if verdict is not None:
+        data.update(verdict.to_json())
+    elif result.base.scenario.device is Device.CUDA:
+        overheads = device_overheads(Device.CUDA, None, result.plan)
+        data.update({"allocated_peak_bytes": result.per_device_peak_bytes + overheads.allocator_bytes,
+                     "reserved_peak_bytes": None, "usable_capacity_bytes": None, **overheads.to_json(),
+                     "caveat": RESERVED_NOT_REPLAYED})
+    return data
+
+
+def verdict_from_values(values: dict, result: ParallelEstimate) -> DeviceVerdict | None:
+    """The verdict on the `gpu` of `values` (a planner.gpus key or GiB); None without one."""
+    if values.get("gpu") is None:
+        return None
+    gpu, capacity = gpu_from_text(values["gpu"])
+    return device_verdict(result.per_device_peak_bytes, capacity, result.base.scenario.device, gpu, result.plan)
 
 
 def estimate_from_values(values: dict, base_dir: Path | None = None, allow_hub: bool = False) -> Estimate:
@@ -220,7 +251,7 @@ def _shape_and_estimate(values: dict, base_dir: Path | None, allow_hub: bool) ->
     if "task" not in values:
         raise PlannerInputError("scenario has no 'task': use sequence-classification, causal-lm or masked-lm")
     known = {"id", "config", "task", "num_labels", "batch_size", "seq_len", "optimizer", "precision",
-             "gradient_checkpointing", "grad_accum", "attn", "device", "engine",
+             "gradient_checkpointing", "grad_accum", "attn", "device", "engine", "gpu",
              *FINETUNE_KEYS, *PARALLEL_KEYS}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -228,7 +259,7 @@ def _shape_and_estimate(values: dict, base_dir: Path | None, allow_hub: bool) ->
     for key in ("batch_size", "seq_len"):
         if key not in values:
             raise PlannerInputError(f"scenario has no {key!r}: give a positive integer")
-    scenario_values = {k: v for k, v in values.items() if k not in ("id", "config", *PARALLEL_KEYS)}
+    scenario_values = {k: v for k, v in values.items() if k not in ("id", "config", "gpu", *PARALLEL_KEYS)}
     scenario = scenario_from_values(**scenario_values)
     if not isinstance(values["config"], str):
         raise PlannerInputError("'config' must be a string: a catalog name or a config.json path")
@@ -269,7 +300,10 @@ def _run_estimate(args: argparse.Namespace) -> int:
               "seq_len": args.seq_len, "optimizer": args.optimizer, "precision": args.precision,
               "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
               "attn": args.attn, "device": args.device, "engine": args.engine, "num_devices": args.num_devices,
-              "strategy": args.strategy, "local_sgd_steps": args.local_sgd_steps, **finetune_values(args)}
+              "strategy": args.strategy, "local_sgd_steps": args.local_sgd_steps, "gpu": args.gpu,
+              **finetune_values(args)}
+    if args.gpu is not None:
+        gpu_from_text(args.gpu)  # a bad --gpu is refused before anything is estimated
     if args.json:
         print(json.dumps(result_json(values, base_dir=Path.cwd(), allow_hub=args.hub)))
         return 0
@@ -277,7 +311,27 @@ def _run_estimate(args: argparse.Namespace) -> int:
     print(format_table(result.base))
     if result.plan.distributed or result.plan.local_sgd_steps is not None:
         print("\n" + format_parallel_table(result))
+    verdict = verdict_from_values(values, result)
+    if verdict is not None:
+        print("\n" + format_verdict(verdict))
     return 0
+
+
+def format_verdict(verdict: DeviceVerdict) -> str:
+    """The verdict with what it adds on CUDA (allocator blocks, overheads), binary units labelled."""
+    rows = [("live tensors at the peak", verdict.peak_bytes)]
+    if verdict.overheads is not None:
+        rows += [(item.name, item.bytes) for item in verdict.overheads.allocator_items]
+        rows.append(("ALLOCATED PEAK", verdict.allocated_peak_bytes))
+        rows += [(item.name, item.bytes) for item in verdict.overheads.items]
+    rows += [("capacity (driver's total)", verdict.capacity_bytes), ("USABLE CAPACITY", verdict.usable_capacity_bytes),
+             ("MARGIN", verdict.margin_bytes)]
+    width = max(len(name) for name, _ in rows) + 2
+    lines = [f"{name:<{width}}{value:>18,}  {format_bytes(value):>14}" for name, value in rows]
+    lines += ["", verdict.headline]
+    if verdict.caveat:
+        lines.append(f"Note: {verdict.caveat}.")
+    return "\n".join(lines)
 
 
 def format_parallel_table(result: ParallelEstimate) -> str:

@@ -113,3 +113,17 @@ def nearest_gpu(capacity_bytes: int) -> GpuSpec:
     """The known GPU whose capacity is closest to `capacity_bytes`: the throughput to
     assume when only a memory size is given (ties go to the slower, earlier row)."""
     return min(GPUS.values(), key=lambda g: abs(g.capacity_bytes - capacity_bytes))
+
+
+def gpu_from_text(value: object) -> tuple[GpuSpec | None, int]:
+    """(the known GPU, its capacity in bytes) for a planner.gpus key, or (None, bytes) for a
+    size in GiB; one-line error otherwise."""
+    text = str(value).strip().lower()
+    if text in GPUS:
+        return GPUS[text], GPUS[text].capacity_bytes
+    try:
+        float(text)
+    except ValueError:
+        raise PlannerInputError(f"unknown GPU {str(value)[:40]!r}: give a size in GiB or one of "
+                                f"{', '.join(GPUS)}") from None
+    return None, capacity_bytes_from_gib(text, "GPU memory")

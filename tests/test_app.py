@@ -13,11 +13,13 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app_pages.escaping import markdown_text
-from app_pages.inputs import DEFAULTS, GPU_PRESETS
+from app_pages.inputs import DEFAULTS, GPU_PRESET_KEYS, GPU_PRESETS
 from planner.catalog import CATALOG_DIR
 from planner.config_source import config_from_bytes
+from planner.cuda_overheads import cuda_overheads
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
+from planner.gpus import GPUS
 from planner.loading import load_model_shape, model_shape_for_config
 from planner.scenario import Task, scenario_from_values
 from planner.units import GIB
@@ -70,8 +72,10 @@ def test_default_render_shows_the_estimate_and_a_verdict():
     capacity = GPU_PRESETS[DEFAULTS["gpu_preset"]]
     assert result.peak_bytes < capacity  # the lessons' DistilBERT fits a T4
     assert verdict_text(at).startswith("Fits")
+    # On CUDA the context is outside the allocator and the cuBLAS workspaces inside it (planner.cuda_overheads).
+    overheads = cuda_overheads(GPUS[GPU_PRESET_KEYS[DEFAULTS["gpu_preset"]]])
     margin = next(m.value for m in at.metric if m.label == "Margin")
-    assert margin == f"{(capacity - result.peak_bytes) / GIB:+,.2f} GiB"
+    assert margin == f"{(capacity - overheads.total_bytes - overheads.allocator_bytes - result.peak_bytes) / GIB:+,.2f} GiB"
 
 
 def test_batch_size_changes_the_peak():
@@ -132,9 +136,12 @@ def test_custom_capacity_below_the_peak_does_not_fit():
     result = expected_estimate()
     assert_page_shows(at, result)
     assert verdict_text(at).startswith("Does not fit")
-    assert f"by {(result.peak_bytes - GIB) / GIB:,.2f} GiB" in verdict_text(at)
+    # A custom size names no GPU: the overheads take their larger figures (planner.cuda_overheads).
+    overheads = cuda_overheads(None)
+    short = result.peak_bytes + overheads.allocator_bytes - (GIB - overheads.total_bytes)
+    assert f"by {short / GIB:,.2f} GiB" in verdict_text(at)
     margin = next(m.value for m in at.metric if m.label == "Margin")
-    assert margin == f"{(GIB - result.peak_bytes) / GIB:+,.2f} GiB"
+    assert margin == f"{-short / GIB:+,.2f} GiB"
 
 
 def test_gpu_preset_sets_the_capacity():

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from app_pages.breakdown import PEAK_LABEL, Verdict, breakdown_table, verdict_for
+from app_pages.breakdown import PEAK_LABEL, breakdown_table, verdict_for
 from app_pages.inputs import (
     CUSTOM_GPU,
     DEFAULTS,
@@ -18,6 +18,7 @@ from app_pages.inputs import (
     model_config,
     scenario_for,
 )
+from planner.verdict import DeviceVerdict
 from planner.catalog import CATALOG_DIR, catalog_entries
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
@@ -132,12 +133,12 @@ def test_breakdown_pins_the_lessons_distilbert_adamw_state():
 
 
 def test_verdict_margin_and_headline():
-    fits = Verdict(peak_bytes=3 * GIB, capacity_bytes=16 * GIB)
+    fits = DeviceVerdict(peak_bytes=3 * GIB, capacity_bytes=16 * GIB, overheads=None)  # a CPU plan
     assert fits.fits and fits.margin_bytes == 13 * GIB and fits.margin_gib == 13.0
     assert fits.headline.startswith("Fits") and "13.00 GiB of the 16.00 GiB" in fits.headline
-    short = Verdict(peak_bytes=20 * GIB + GIB // 2, capacity_bytes=16 * GIB)
+    short = DeviceVerdict(peak_bytes=20 * GIB + GIB // 2, capacity_bytes=16 * GIB, overheads=None)
     assert not short.fits and short.margin_gib == -4.5
     assert short.headline.startswith("Does not fit") and "by 4.50 GiB" in short.headline
-    assert Verdict(peak_bytes=GIB, capacity_bytes=GIB).fits  # exactly full still fits
-    result = _distilbert_estimate()
-    assert verdict_for(result, 15 * GIB) == Verdict(result.peak_bytes, 15 * GIB)
+    assert DeviceVerdict(peak_bytes=GIB, capacity_bytes=GIB, overheads=None).fits  # exactly full still fits
+    result = _distilbert_estimate(device="cpu")
+    assert verdict_for(result, 15 * GIB) == DeviceVerdict(result.peak_bytes, 15 * GIB, None)

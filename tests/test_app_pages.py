@@ -17,12 +17,14 @@ from app_pages import run_queue
 from app_pages.comparison import TECHNIQUES, compare_techniques
 from app_pages.escaping import markdown_text
 from planner.fit import fit_limits
-from app_pages.inputs import CUSTOM_GPU, DEFAULTS, GPU_PRESETS
+from app_pages.inputs import CUSTOM_GPU, DEFAULTS, GPU_PRESET_KEYS, GPU_PRESETS
 from app_pages.verify_results import measured_device, plan_request
 from planner.catalog import CATALOG_DIR
 from planner.config_source import config_from_bytes
+from planner.cuda_overheads import cuda_overheads
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
+from planner.gpus import GPUS
 from planner.loading import load_model_shape, model_shape_for_config
 from planner.parallel import parallel_estimate
 from planner.scenario import Task, scenario_from_values
@@ -145,14 +147,21 @@ def test_bad_upload_shows_an_error_and_the_page_recovers(page):
 
 # --- Plan page additions ----------------------------------------------------------------------
 
+def _room_for_tensors(preset: str) -> int:
+    """A CUDA plan's live tensors get the capacity less the overheads outside the caching
+    allocator and torch's blocks inside it (planner.cuda_overheads, for the preset's GPU)."""
+    overheads = cuda_overheads(GPUS[GPU_PRESET_KEYS[preset]])
+    return GPU_PRESETS[preset] - overheads.total_bytes - overheads.allocator_bytes
+
+
 def test_plan_shows_the_largest_batch_and_sequence_that_fit():
     at = app()
     shape, scenario = shape_for()
-    limits = fit_limits(shape, scenario, GPU_PRESETS[DEFAULTS["gpu_preset"]])
+    limits = fit_limits(shape, scenario, _room_for_tensors(DEFAULTS["gpu_preset"]))
     assert metric(at, "Largest batch size that fits") == f"{limits.batch_size:,}"
     assert metric(at, "Largest sequence length that fits") == f"{limits.seq_len:,}"
     at.selectbox(key="gpu_preset").set_value("H200 · 141 GB").run()
-    bigger = fit_limits(shape, scenario, GPU_PRESETS["H200 · 141 GB"])
+    bigger = fit_limits(shape, scenario, _room_for_tensors("H200 · 141 GB"))
     assert metric(at, "Largest batch size that fits") == f"{bigger.batch_size:,}"
     assert bigger.batch_size > limits.batch_size
 

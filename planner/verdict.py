@@ -1,0 +1,129 @@
+"""Fits or does not fit, on what the driver sees: the peak of live tensors, the blocks torch
+itself keeps in the caching allocator, the allocator's reserved memory where it is replayed,
+and the fixed CUDA overheads outside it, against the capacity the driver reports.
+
+On CUDA (planner.cuda_overheads):
+  usable capacity = the driver's total - what lives outside the caching allocator
+                    (CUDA context, the driver's own reservation, NCCL communicators)
+  allocated peak  = the step's live-tensor peak (planner.estimate) + torch's persistent
+                    allocator blocks (the cuBLAS workspaces, one per thread that runs matmuls)
+  required        = the reserved peak when the allocator is replayed on the step's trace
+                    (planner.cuda_allocator), else the allocated peak: then the verdict says
+                    that the caching allocator's slack above it is not in the figure.
+On CPU there is no caching allocator or context: required = the peak, usable = the capacity.
+
+`tensor_budget_bytes` is what the live tensors may take for the verdict to hold: the fit
+searches (largest batch, sequence, the fit finder) compare peaks with it, so a plan they
+propose is one this verdict passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cuda_overheads import CudaOverheads, cuda_overheads
+from planner.gpus import GpuSpec
+from planner.scenario import Device
+from planner.strategy import ParallelPlan
+from planner.units import bytes_to_gib, format_bytes
+
+RESERVED_NOT_REPLAYED = ("the caching allocator's reserved memory above the allocated peak is not in this figure: "
+                         "its replay needs the step's allocation trace on CUDA kernels, not probed yet")
+
+
+@dataclass(frozen=True)
+class DeviceVerdict:
+    peak_bytes: int  # live tensors at the step's peak, on one device
+    capacity_bytes: int  # the device's total as the driver reports it (nvidia-smi memory.total)
+    overheads: CudaOverheads | None  # None on CPU
+    reserved_peak_bytes: int | None = None  # the allocator replay's max_memory_reserved; None: not replayed
+
+    def __post_init__(self) -> None:
+        if self.peak_bytes < 0 or self.capacity_bytes <= 0:
+            raise ValueError("DeviceVerdict needs a peak >= 0 and a positive capacity")
+        if self.reserved_peak_bytes is not None and self.reserved_peak_bytes < self.allocated_peak_bytes:
+            raise ValueError("a reserved peak below the allocated peak is not a caching allocator's")
+
+    @property
+    def allocator_blocks_bytes(self) -> int:
+        return self.overheads.allocator_bytes if self.overheads is not None else 0
+
+    @property
+    def allocated_peak_bytes(self) -> int:
+        return self.peak_bytes + self.allocator_blocks_bytes
+
+    @property
+    def overhead_bytes(self) -> int:
+        return self.overheads.total_bytes if self.overheads is not None else 0
+
+    @property
+    def usable_capacity_bytes(self) -> int:
+        return self.capacity_bytes - self.overhead_bytes
+
+    @property
+    def required_bytes(self) -> int:
+        return self.reserved_peak_bytes if self.reserved_peak_bytes is not None else self.allocated_peak_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.required_bytes <= self.usable_capacity_bytes
+
+    @property
+    def margin_bytes(self) -> int:
+        """Usable capacity left at the peak; negative when it does not fit."""
+        return self.usable_capacity_bytes - self.required_bytes
+
+    @property
+    def margin_gib(self) -> float:
+        return bytes_to_gib(self.margin_bytes)
+
+    @property
+    def caveat(self) -> str | None:
+        """What the figure leaves out, in words (None when nothing)."""
+        if self.overheads is not None and self.reserved_peak_bytes is None:
+            return RESERVED_NOT_REPLAYED
+        return None
+
+    @property
+    def headline(self) -> str:
+        room = f"{bytes_to_gib(self.usable_capacity_bytes):,.2f} GiB"
+        if self.overheads is None:
+            what, room = "the peak", f"the {room}"
+        else:
+            what = "the reserved peak" if self.reserved_peak_bytes is not None else "the allocated peak"
+            room = f"the {room} the CUDA overheads leave"
+        if self.fits:
+            return f"Fits: {what} of {format_bytes(self.required_bytes)} leaves {self.margin_gib:,.2f} GiB of {room} free."
+        return (f"Does not fit: {what} of {format_bytes(self.required_bytes)} exceeds {room} "
+                f"by {-self.margin_gib:,.2f} GiB.")
+
+    def to_json(self) -> dict:
+        """The JSON keys of DESIGN.md's interface: integer bytes, overheads itemised."""
+        data = {"capacity_bytes": self.capacity_bytes, "usable_capacity_bytes": self.usable_capacity_bytes,
+                "allocated_peak_bytes": self.allocated_peak_bytes, "reserved_peak_bytes": self.reserved_peak_bytes,
+                "required_bytes": self.required_bytes, "margin_bytes": self.margin_bytes, "fits": self.fits,
+                "cuda_overhead_bytes": self.overhead_bytes}
+        if self.overheads is not None:
+            data.update(self.overheads.to_json())
+        if self.caveat is not None:
+            data["caveat"] = self.caveat
+        return data
+
+
+def device_overheads(device: Device, gpu: GpuSpec | None, plan: ParallelPlan | None = None) -> CudaOverheads | None:
+    return cuda_overheads(gpu, plan) if device is Device.CUDA else None
+
+
+def device_verdict(peak_bytes: int, capacity_bytes: int, device: Device, gpu: GpuSpec | None,
+                   plan: ParallelPlan | None = None, reserved_peak_bytes: int | None = None) -> DeviceVerdict:
+    return DeviceVerdict(peak_bytes, capacity_bytes, device_overheads(device, gpu, plan), reserved_peak_bytes)
+
+
+def tensor_budget_bytes(capacity_bytes: int, device: Device, gpu: GpuSpec | None,
+                        plan: ParallelPlan | None = None) -> int:
+    """The largest live-tensor peak `device_verdict` passes on this device (may be <= 0 when
+    the overheads alone fill it)."""
+    overheads = device_overheads(device, gpu, plan)
+    if overheads is None:
+        return capacity_bytes
+    return overheads.usable_capacity_bytes(capacity_bytes) - overheads.allocator_bytes
