@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import enum
 
-from app_pages.inputs import CUSTOM_GPU, SidebarValues
+from app_pages.inputs import SidebarValues, preset_gpu
 from planner.fit import FitOption, FitTarget
-from planner.gpus import GPUS, GpuSpec, nearest_gpu
+from planner.gpus import GpuSpec, nearest_gpu
 from planner.scenario import Checkpointing
 from planner.strategy import Strategy
 
@@ -27,21 +27,9 @@ TARGET_LABELS = {
 
 # Which row of planner.gpus gives each sidebar preset its throughput. The 24 GB preset
 # takes the A10 (its capacity is the A10's, and its throughput sits between L4 and 4090).
-PRESET_GPUS = {
-    "T4 · 16 GB": "t4",
-    "L4 / A10 / RTX 4090 · 24 GB": "a10",
-    "A100 · 40 GB": "a100-40gb",
-    "A100 · 80 GB": "a100-80gb",
-    "H100 · 80 GB": "h100",
-    "H200 · 141 GB": "h200",
-}
-
-
 def gpu_for(values: SidebarValues, capacity_bytes: int) -> GpuSpec:
     """The GPU whose throughput step times assume: the preset's, or the nearest in memory for a custom size."""
-    if values.gpu_preset != CUSTOM_GPU and values.gpu_preset in PRESET_GPUS:
-        return GPUS[PRESET_GPUS[values.gpu_preset]]
-    return nearest_gpu(capacity_bytes)
+    return preset_gpu(values) or nearest_gpu(capacity_bytes)
 
 
 def target_for(values: SidebarValues, kind: str) -> FitTarget:

@@ -217,7 +217,7 @@ def capacity_bytes(values: SidebarValues) -> int:
     return capacity_bytes_from_gib(values.gpu_custom_gib, "GPU capacity")
 
 
-def gpu_for(values: SidebarValues) -> GpuSpec | None:
+def preset_gpu(values: SidebarValues) -> GpuSpec | None:
     """The known GPU of the sidebar's preset; None for a custom size."""
     capacity_bytes(values)  # the preset's one-line error, if it is not one
     key = GPU_PRESET_KEYS[values.gpu_preset]

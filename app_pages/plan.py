@@ -10,7 +10,7 @@ import streamlit as st
 from app_pages.breakdown import breakdown_table, verdict_for, verdict_table
 from app_pages.comparison import batch_sizes_for_chart, memory_vs_batch
 from app_pages.figures import memory_vs_batch_figure, phase_breakdown_figure
-from app_pages.inputs import gpu_for, total_capacity_bytes
+from app_pages.inputs import preset_gpu, total_capacity_bytes
 from app_pages.page_context import start_page
 from planner.fit import fit_limits
 from planner.units import format_bytes
@@ -24,7 +24,7 @@ def render() -> None:
     result, capacity, shape = context.result, context.capacity_bytes, context.shape
     per_gpu, parallel = context.per_gpu, context.parallel  # one device's plan, or one GPU's share of it
 
-    gpu = gpu_for(context.values)
+    gpu = preset_gpu(context.values)
     verdict = verdict_for(per_gpu, capacity, gpu, parallel)
     if verdict.fits:
         st.success(verdict.headline, icon=":material/check_circle:")

@@ -8,7 +8,7 @@ import streamlit as st
 
 from app_pages.breakdown import peak_bytes
 from app_pages.history_access import recent_runs
-from app_pages.inputs import total_capacity_bytes
+from app_pages.inputs import preset_gpu, total_capacity_bytes
 from app_pages.page_context import start_page
 from planner.errors import PlannerInputError
 from planner.units import format_bytes
@@ -32,7 +32,8 @@ def render() -> None:
         st.warning(problem, icon=":material/warning:")
     try:
         report = build_report(context.shape, context.base_values, context.capacity_bytes, context.values.gpu_preset,
-                              context.values.gpu_count, records, context.config, strategy=context.parallel.strategy)
+                              context.values.gpu_count, records, context.config, strategy=context.parallel.strategy,
+                              gpu=preset_gpu(context.values))
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")
         return

@@ -20,11 +20,13 @@ from app_pages.fit_view import (
     plan_state,
     target_for,
 )
+from app_pages.inputs import preset_gpu
 from app_pages.page_context import start_page
 from planner.errors import PlannerInputError
 from planner.fit import FIT_ERROR_MARGIN, find_fits
 from planner.step_time import DEFAULT_UTILISATION
 from planner.units import format_bytes
+from planner.verdict import room_for_plans, searchable_budget_bytes
 from reporting.fit_table import changes_text, fit_rows, nearest_rows, risks_text
 
 # Fifteen columns share the page's width (about 980 px beside the sidebar in a 1,440 px
@@ -56,7 +58,8 @@ FIT_COLUMNS = {
 }
 NEAREST_COLUMNS = {
     **_COMMON_COLUMNS,
-    "over by": st.column_config.TextColumn("over by", width=75, help="peak minus the capacity per GPU"),
+    "over by": st.column_config.TextColumn("over by", width=75,
+                                           help="peak minus the capacity per GPU (on CUDA, less the overheads)"),
     "over by (bytes)": None,
     "over by (%)": st.column_config.NumberColumn("over %", format="%.1f", width=60,
                                                  help="over the capacity, percent of it"),
@@ -90,16 +93,21 @@ def render() -> None:
     gpu = gpu_for(values, capacity)
     try:
         target = target_for(values, kind)
+        # Plans must pass the verdict: on CUDA, the room the overheads leave (planner.verdict).
+        budget = searchable_budget_bytes(capacity, context.scenario.device, preset_gpu(values), context.parallel)
         result = find_fits(shape, context.scenario, capacity, target, gpu, values.gpu_count, utilisation,
-                           allow_risky=allow_risky, strategy=context.parallel.strategy)
+                           allow_risky=allow_risky, strategy=context.parallel.strategy,
+                           room_for=room_for_plans(capacity, context.scenario.device, preset_gpu(values)))
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")
         return
     wanted = {TargetKind.EFFECTIVE_BATCH.value: f"effective batch {target.effective_batch}",
               TargetKind.BATCH.value: f"batch {target.batch_size}",
               TargetKind.LARGEST.value: "the largest batch"}[kind]
+    room = (f" ({format_bytes(budget)} each for the step's tensors, after the CUDA overheads)"
+            if budget != capacity else "")
     st.markdown(f"**{len(result.options)}** of {result.combinations} combinations fit "
-                f"{values.gpu_count} x {format_bytes(capacity)} at {target.seq_len:,} tokens, {wanted}; "
+                f"{values.gpu_count} x {format_bytes(capacity)}{room} at {target.seq_len:,} tokens, {wanted}; "
                 f"ranked by {result.ranked_by}.")
     if not result.options:
         st.warning("Nothing fits: try a larger GPU, a shorter sequence or a smaller batch. The nearest plans, "

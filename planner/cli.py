@@ -64,6 +64,8 @@ from planner.verdict import (
     DeviceVerdict,
     device_overheads,
     device_verdict,
+    room_for_plans,
+    searchable_budget_bytes,
 )
 
 EXIT_BAD_INPUT = 2
@@ -509,8 +511,14 @@ def _run_fit(args: argparse.Namespace) -> int:
                        else as_int(args.effective_batch, "effective batch"))
     num_devices = as_int(args.num_devices, "number of GPUs")
     shape = load_model_shape(args.config, base.task, base.num_labels, base_dir=Path.cwd(), allow_hub=args.hub)
+    # Plans must pass the verdict: on CUDA, the room the overheads leave (planner.verdict).
+    strategy = parse_strategy(args.strategy)
+    known = gpu_spec(args.gpu) if args.gpu is not None else None  # a size alone: the overheads' larger figures
+    searchable_budget_bytes(capacity, base.device, known,
+                            ParallelPlan(num_devices, strategy if num_devices > 1 else Strategy.SINGLE))
     result = find_fits(shape, base, capacity, target, gpu, num_devices, utilisation,
-                       allow_risky=args.allow_risky, strategy=parse_strategy(args.strategy))
+                       allow_risky=args.allow_risky, strategy=strategy,
+                       room_for=room_for_plans(capacity, base.device, known))
     if args.json:
         notes = {"strategy_note": SHARDING_NOTE} if num_devices > 1 else {}
         rows = ([{"fits": True, **option.to_json(), **notes} for option in result.options]

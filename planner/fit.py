@@ -396,7 +396,7 @@ class NearMiss:
 class FitResult:
     options: tuple[FitOption, ...]  # those that reach the target, best first
     combinations: int  # technique combinations considered (the risky ones left out included)
-    capacity_bytes: int
+    capacity_bytes: int  # per GPU for the user's own strategy (less its CUDA overheads with `room_for`)
     gpu: GpuSpec  # whose throughput the step times assume
     num_devices: int
     target: FitTarget
@@ -407,6 +407,10 @@ class FitResult:
     risky_left_out: int = 0  # combinations not searched: they risk model quality and were not allowed
     nearest: tuple[NearMiss, ...] = ()  # when nothing fits: the nearest plans, nearest first
     left_out: tuple[str, ...] = ()  # fine-tuning methods not searched, each with the estimate's reason
+    rooms: tuple[tuple[Strategy, int], ...] = ()  # per strategy searched: bytes its tensors may take per GPU
+
+    def room_bytes(self, strategy: Strategy) -> int:
+        return dict(self.rooms).get(strategy, self.capacity_bytes)
 
 
 def _accumulation_choices(per_device_batch: int) -> list[int]:
@@ -453,7 +457,7 @@ def _adapter_methods(shape: ModelShape, base: Scenario, num_devices: int, lora: 
 def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: FitTarget, gpu: GpuSpec,
               num_devices: int = 1, utilisation: float = DEFAULT_UTILISATION,
               with_max_seq_len: bool = True, allow_risky: bool = False, strategy: Strategy | None = None,
-              lora: bool = True) -> FitResult:
+              lora: bool = True, room_for: Callable[[ParallelPlan], int] | None = None) -> FitResult:
     """Every technique combination that fits `capacity_bytes` per GPU and reaches `target`,
     ranked by the fewest and safest changes to the user's plan (`base`, under `strategy`,
     DDP by default with several GPUs), then by estimated step time at the target (time per
@@ -461,7 +465,9 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
     bf16, SGD) are left out unless `allow_risky`. LoRA / QLoRA plans are searched where the
     estimate plans them (`lora=False`: full fine-tuning and the user's own method only).
     When nothing fits, `nearest` lists the plans that miss by least. `base` also gives what
-    is not searched: task, labels, attention, device kind, training loop."""
+    is not searched: task, labels, attention, device kind, training loop. `room_for(plan)`:
+    what the step's tensors may take per GPU under each strategy, when less than the
+    capacity (planner.verdict: CUDA overheads, NCCL communicators per strategy)."""
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
         raise PlannerInputError(f"number of devices must be a positive integer, got {num_devices!r}")
     if capacity_bytes <= 0:
@@ -496,8 +502,13 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
     # (gradients live across them), so one search serves K = 2, 4, 8, ...
     largest: dict[tuple, int | None] = {}
     options, misses, combinations, risky_left_out = [], {}, 0, 0
+    rooms = {s: room_for(ParallelPlan(num_devices, s)) if room_for is not None else capacity_bytes
+             for s in strategies}
     for plan_strategy in strategies:
         parallel = ParallelPlan(num_devices, plan_strategy)
+        room = rooms[plan_strategy]
+        if room <= 0:  # this strategy's overheads alone fill the GPU: no plan of it fits or comes near
+            continue
         for finetune in finetunes:
             for optimizer in optimizers:
                 # LoRA in the user's precision only: each precision is one more probe of the
@@ -516,7 +527,7 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
                             key = (plan_strategy, finetune, optimizer, precision, checkpointing, min(k, 2))
                             if key not in largest:
                                 combo = probe.scenario(base, batch_size=1, grad_accum_steps=min(k, 2))
-                                largest[key] = max_batch_size(shape, combo, capacity_bytes, plan=parallel)
+                                largest[key] = max_batch_size(shape, combo, room, plan=parallel)
                             best = largest[key]
                             if best is None or (micro is not None and micro > best):
                                 misses.setdefault(key[:5], []).append((probe, changes))
@@ -526,7 +537,7 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
                             if per_device is None:  # the largest batch: its micro-batch is found, not asked for
                                 changes = plan_changes(own, own_strategy, plan, plan_strategy, own_split)
                             result = parallel_estimate(shape, plan, parallel)
-                            seq = (max_seq_len(shape, plan, capacity_bytes, known_fit=plan.seq_len,
+                            seq = (max_seq_len(shape, plan, room, known_fit=plan.seq_len,
                                                plan=parallel) if with_max_seq_len else None)
                             timing = step_time(shape, plan, gpu, num_devices, utilisation,
                                                result if parallel.distributed else None,
@@ -537,7 +548,7 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
     by_sequence = target.batch_size is None and target.effective_batch is None
     options.sort(key=lambda o: (change_rank(o.changes), o.seconds_per_sequence if by_sequence else o.step_time_s,
                                 o.peak_bytes))
-    nearest = () if options else _nearest(shape, base, misses, capacity_bytes, num_devices)
+    nearest = () if options else _nearest(shape, base, misses, rooms, num_devices)
     notes = [f"step times assume {gpu.label} throughput at {utilisation:.0%} utilisation (planner.step_time)"]
     if risky_left_out:
         notes.append(f"{risky_left_out} combinations left out: they change the plan in ways that risk model "
@@ -552,9 +563,9 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
     if num_devices > 1:
         notes.append(SHARDING_NOTE)
     time_key = "time per sequence" if by_sequence else "step time"
-    return FitResult(tuple(options), combinations, capacity_bytes, gpu, num_devices, target, utilisation,
+    return FitResult(tuple(options), combinations, rooms[own_strategy], gpu, num_devices, target, utilisation,
                      f"fewest and safest changes to your plan, then {time_key}", tuple(notes), allow_risky,
-                     risky_left_out, nearest, tuple(left_out))
+                     risky_left_out, nearest, tuple(left_out), tuple(rooms.items()))
 
 
 class _Combo(NamedTuple):
@@ -572,7 +583,7 @@ class _Combo(NamedTuple):
         return dataclasses.replace(base, **fields)
 
 
-def _nearest(shape: ModelShape, base: Scenario, misses: dict, capacity_bytes: int,
+def _nearest(shape: ModelShape, base: Scenario, misses: dict, rooms: dict[Strategy, int],
              num_devices: int) -> tuple[NearMiss, ...]:
     """Per combination, the split of the target with the lowest per-GPU peak; the
     NEAREST_SHOWN nearest to the capacity, safest first among equal misses."""
@@ -592,7 +603,7 @@ def _nearest(shape: ModelShape, base: Scenario, misses: dict, capacity_bytes: in
                 continue
             peak = _peak_or_none(shape, plan, parallel)
             if peak is not None and (best is None or peak < best.peak_bytes):
-                best = NearMiss(plan, plan_strategy, num_devices, peak, capacity_bytes, changes)
+                best = NearMiss(plan, plan_strategy, num_devices, peak, rooms[plan_strategy], changes)
         if best is not None:
             found.append(best)
     found.sort(key=lambda m: (m.peak_bytes, change_rank(m.changes)))
@@ -604,7 +615,7 @@ def best_options_with_max_seq_len(shape: ModelShape, result: FitResult, count: i
     what a report lists, without searching sequences for the options it leaves out (on CPU
     kernels each search probes new sequence lengths, seconds per option)."""
     best = tuple(dataclasses.replace(option, max_seq_len=max_seq_len(
-        shape, option.scenario, result.capacity_bytes, known_fit=option.scenario.seq_len,
+        shape, option.scenario, result.room_bytes(option.strategy), known_fit=option.scenario.seq_len,
         plan=ParallelPlan(option.num_devices, option.strategy))) for option in result.options[:count])
     return dataclasses.replace(result, options=best)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cuda_overheads import CudaOverheads, cuda_overheads
+from planner.errors import PlannerInputError
 from planner.gpus import GpuSpec
 from planner.scenario import Device
 from planner.strategy import ParallelPlan
@@ -127,3 +128,23 @@ def tensor_budget_bytes(capacity_bytes: int, device: Device, gpu: GpuSpec | None
     if overheads is None:
         return capacity_bytes
     return overheads.usable_capacity_bytes(capacity_bytes) - overheads.allocator_bytes
+
+
+def searchable_budget_bytes(capacity_bytes: int, device: Device, gpu: GpuSpec | None,
+                            plan: ParallelPlan | None = None) -> int:
+    """`tensor_budget_bytes`, for a search that needs room to search in: a one-line error
+    when the CUDA overheads alone fill the GPU."""
+    budget = tensor_budget_bytes(capacity_bytes, device, gpu, plan)
+    if budget <= 0:
+        overheads = device_overheads(device, gpu, plan)
+        raise PlannerInputError(
+            f"the CUDA overheads alone ({format_bytes(overheads.total_bytes + overheads.allocator_bytes)}: context, "
+            f"workspaces{', NCCL' if plan is not None and plan.distributed else ''}) fill a "
+            f"{format_bytes(capacity_bytes)} GPU: choose a larger one")
+    return budget
+
+
+def room_for_plans(capacity_bytes: int, device: Device, gpu: GpuSpec | None):
+    """For the fit finder: each strategy's room (`tensor_budget_bytes` under that plan: ZeRO
+    holds one NCCL communicator more than DDP or FSDP)."""
+    return lambda plan: tensor_budget_bytes(capacity_bytes, device, gpu, plan)

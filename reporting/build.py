@@ -43,12 +43,18 @@ from app_pages.verify_results import history_table, scatter_points
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.fit import FitLimits, fit_limits
-from planner.gpus import capacity_bytes_from_gib
+from planner.gpus import GPUS, GpuSpec, capacity_bytes_from_gib
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
 from planner.scenario import as_int, scenario_from_values
 from planner.strategy import MAX_DEVICES, ParallelPlan, Strategy, parse_strategy
 from planner.units import format_bytes
+from planner.verdict import (
+    DeviceVerdict,
+    room_for_plans,
+    searchable_budget_bytes,
+    tensor_budget_bytes,
+)
 from reporting.multi_gpu import (
     DEFAULT_RUN_STEPS,
     MultiGpuSection,
@@ -82,6 +88,12 @@ class Report:
     fits_left_out: tuple[str, ...]  # fine-tuning methods the finder did not search, and why
     multi_gpu: MultiGpuSection | None = None  # None with one GPU
     per_device: ParallelEstimate | None = None  # one GPU's share under the plan's strategy; None with one GPU
+    gpu: GpuSpec | None = None  # the preset's GPU (its CUDA overheads); None for a size only
+    parallel: ParallelPlan = ParallelPlan()
+
+    @property
+    def verdict(self) -> DeviceVerdict:
+        return verdict_for(self.per_gpu, self.capacity_bytes, self.gpu, self.parallel)
 
     @property
     def per_gpu(self) -> Estimate | ParallelEstimate:
@@ -96,7 +108,7 @@ class Report:
 def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes: int, gpu_label: str,
                  gpu_count: int = 1, records: Iterable = (), config: dict | None = None,
                  run_steps: int = DEFAULT_RUN_STEPS, local_sgd_steps: int | None = None,
-                 strategy: Strategy = Strategy.DDP) -> Report:
+                 strategy: Strategy = Strategy.DDP, gpu: GpuSpec | None = None) -> Report:
     """Everything a report shows, computed once. `records`: RunRecords (newest first) whose
     runs of this model are listed and matched to the techniques. With `gpu_count` > 1 the
     plan is per GPU under `strategy`, and the Multiple GPUs section compares the strategies,
@@ -107,8 +119,15 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
     records = [r for r in records if r.model_name == shape.name]
     parallel = ParallelPlan(gpu_count, strategy if gpu_count > 1 else Strategy.SINGLE)
     per_device = parallel_estimate(shape, scenario, parallel, result) if parallel.distributed else None
-    limits = fit_limits(shape, scenario, capacity_bytes, plan=parallel)
-    fits, nearest, left_out = _fit_tables(shape, scenario, capacity_bytes, gpu_count, parallel.strategy)
+    # The searches stop where the verdict does: on CUDA, the room the overheads leave.
+    budget = tensor_budget_bytes(capacity_bytes, scenario.device, gpu, parallel)
+    limits = fit_limits(shape, scenario, budget, plan=parallel)
+    try:
+        searchable_budget_bytes(capacity_bytes, scenario.device, gpu, parallel)
+        fits, nearest, left_out = _fit_tables(shape, scenario, capacity_bytes, gpu_count, parallel.strategy,
+                                              room_for_plans(capacity_bytes, scenario.device, gpu))
+    except PlannerInputError as error:  # the overheads alone fill the GPU: nothing to search
+        fits, nearest, left_out = pd.DataFrame(), pd.DataFrame(), (str(error),)
     return Report(
         generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
         shape=shape, values=dict(values), estimate=result, capacity_bytes=capacity_bytes, gpu_label=gpu_label,
@@ -119,15 +138,15 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
         fits=fits, fits_nearest=nearest, fits_left_out=left_out,
         multi_gpu=multi_gpu_section(shape, scenario, result, gpu_count, capacity_bytes, records, config,
                                     run_steps, local_sgd_steps),
-        per_device=per_device,
+        per_device=per_device, gpu=gpu, parallel=parallel,
     )
 
 
 FIT_ROWS_SHOWN = 10
 
 
-def _fit_tables(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int,
-                strategy: Strategy) -> tuple[pd.DataFrame, pd.DataFrame, tuple[str, ...]]:
+def _fit_tables(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int, strategy: Strategy,
+                room_for) -> tuple[pd.DataFrame, pd.DataFrame, tuple[str, ...]]:
     """The fit finder's best options (planner.fit) for the plan's effective batch and sequence,
     ranked by the fewest and safest changes to the plan; the nearest plans when none fits;
     the methods it left out and why."""
@@ -137,7 +156,7 @@ def _fit_tables(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int
 
     target = FitTarget(scenario.seq_len, effective_batch=scenario.batch_size * scenario.grad_accum_steps * gpu_count)
     result = find_fits(shape, scenario, capacity_bytes, target, nearest_gpu(capacity_bytes), gpu_count,
-                       with_max_seq_len=False, strategy=strategy)
+                       with_max_seq_len=False, strategy=strategy, room_for=room_for)
     best = best_options_with_max_seq_len(shape, result, FIT_ROWS_SHOWN)
     return pd.DataFrame(fit_rows(best)), pd.DataFrame(nearest_rows(result)), result.left_out
 
@@ -145,13 +164,13 @@ def _fit_tables(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int
 # --- renderings ---------------------------------------------------------------------------
 
 def _plan_json(report: Report) -> dict:
-    verdict = verdict_for(report.per_gpu, report.capacity_bytes)
+    verdict = report.verdict
     per_device = report.per_device.to_json() if report.per_device is not None else {}
     return {
         "estimate": {**report.estimate.to_json(), **per_device},
         "gpu": report.gpu_label, "gpu_count": report.gpu_count,
         "capacity_bytes": report.capacity_bytes, "total_capacity_bytes": report.capacity_bytes * report.gpu_count,
-        "fits": verdict.fits, "margin_bytes": verdict.margin_bytes,
+        **verdict.to_json(),
         "largest_batch_size": report.limits.batch_size, "largest_seq_len": report.limits.seq_len,
     }
 
@@ -195,7 +214,7 @@ def _accumulation_note(report: Report) -> str | None:
 
 
 def _summary_lines(report: Report) -> list[str]:
-    verdict = verdict_for(report.per_gpu, report.capacity_bytes)
+    verdict = report.verdict
     s = report.estimate.scenario
     limits = report.limits
     lines = [
@@ -207,6 +226,7 @@ def _summary_lines(report: Report) -> list[str]:
         + (f"{report.per_device.plan.strategy.value}, " if report.per_device is not None else "")
         + "the plan is per GPU)",
         verdict.headline,
+        *_overhead_lines(verdict),
         (f"Peak phase: {report.estimate.peak_phase.value}: {report.estimate.peak_reason}."
          if report.per_device is None else f"Peak phase per GPU: {report.per_device.peak.phase.value}."),
         f"Largest batch size that fits: {limits.batch_size if limits.batch_size is not None else 'none'}; "
@@ -214,6 +234,20 @@ def _summary_lines(report: Report) -> list[str]:
         + (" (the model's positions)" if limits.seq_len_capped_by_positions else ""),
     ]
     return lines + [f"Note: {note}" for note in report.estimate.notes]
+
+
+def _overhead_lines(verdict: DeviceVerdict) -> list[str]:
+    """On CUDA: allocated against reserved, and each overhead with its source."""
+    if verdict.overheads is None:
+        return []
+    reserved = (format_bytes(verdict.reserved_peak_bytes) if verdict.reserved_peak_bytes is not None
+                else f"not replayed ({verdict.caveat})")
+    lines = [f"Allocated peak: {format_bytes(verdict.allocated_peak_bytes)} (live tensors "
+             f"{format_bytes(verdict.peak_bytes)} + torch's allocator blocks {format_bytes(verdict.allocator_blocks_bytes)}); "
+             f"reserved peak: {reserved}; usable capacity: {format_bytes(verdict.usable_capacity_bytes)}"]
+    lines += [f"CUDA overhead: {item.name}, {format_bytes(item.bytes)} ({item.kind.value}: {item.source})"
+              for item in (*verdict.overheads.allocator_items, *verdict.overheads.items)]
+    return lines
 
 
 def _float_cell(value: float) -> str:
@@ -414,7 +448,7 @@ def report_for_values(values: Mapping[str, object], base_dir: Path | None = None
     `gpu`: a preset name from app_pages.inputs.GPU_PRESETS or a size in GiB, default the
     first preset; `gpu_count`, default 1; `hub`: allow fetching the config; `run_steps` and
     `local_sgd_steps` for the Multiple GPUs section's local SGD comparison)."""
-    from app_pages.inputs import GPU_PRESETS
+    from app_pages.inputs import GPU_PRESET_KEYS, GPU_PRESETS
     from planner.loading import load_model_shape
 
     if not isinstance(values.get("config"), str):
@@ -422,8 +456,9 @@ def report_for_values(values: Mapping[str, object], base_dir: Path | None = None
     scenario_values = {k: values[k] for k in SCENARIO_KEYS if values.get(k) is not None}
     scenario = scenario_from_values(**scenario_values)
     gpu = values.get("gpu") or next(iter(GPU_PRESETS))
+    spec = None
     if gpu in GPU_PRESETS and GPU_PRESETS[gpu] is not None:
-        capacity, label = GPU_PRESETS[gpu], str(gpu)
+        capacity, label, spec = GPU_PRESETS[gpu], str(gpu), GPUS[GPU_PRESET_KEYS[gpu]]
     else:
         try:
             float(gpu)
@@ -447,7 +482,7 @@ def report_for_values(values: Mapping[str, object], base_dir: Path | None = None
     shape = load_model_shape(values["config"], scenario.task, scenario.num_labels, base_dir=base_dir,
                              allow_hub=bool(values.get("hub")))
     strategy = parse_strategy(values.get("strategy") or Strategy.DDP.value)
-    return build_report(shape, scenario_values, capacity, label, count, records, run_steps=run_steps,
+    return build_report(shape, scenario_values, capacity, label, count, records, gpu=spec, run_steps=run_steps,
                         local_sgd_steps=local_sgd, strategy=strategy)
 
 

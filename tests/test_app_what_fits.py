@@ -9,9 +9,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app_pages.fit_view import gpu_for, option_label, plan_state, target_for
-from app_pages.inputs import DEFAULTS, SidebarValues, capacity_bytes, scenario_for
+from app_pages.inputs import DEFAULTS, GPU_PRESET_KEYS, SidebarValues, capacity_bytes, scenario_for
+from planner.cuda_overheads import cuda_overheads
 from planner.estimate import estimate
 from planner.fit import find_fits
+from planner.gpus import GPUS
 from planner.loading import load_model_shape
 from planner.parallel import parallel_estimate
 from planner.scenario import Task, scenario_from_values
@@ -33,7 +35,17 @@ def expected_result(kind: str = "effective-batch", allow_risky: bool = False, **
     shape = load_model_shape(values.catalog_model, scenario.task, scenario.num_labels)
     capacity = capacity_bytes(values)
     return find_fits(shape, scenario, capacity, target_for(values, kind), gpu_for(values, capacity),
-                     values.gpu_count, 0.4, allow_risky=allow_risky)
+                     values.gpu_count, 0.4, allow_risky=allow_risky, room_for=room_for(values))
+
+
+def room_for(values: SidebarValues):
+    """What a plan's tensors get on each GPU: on CUDA the capacity less the overheads of the
+    preset's GPU under that plan (planner.cuda_overheads)."""
+    capacity = capacity_bytes(values)
+    if values.device != "cuda":
+        return lambda plan: capacity
+    gpu = GPUS[GPU_PRESET_KEYS[values.gpu_preset]]
+    return lambda plan: (capacity - cuda_overheads(gpu, plan).total_bytes - cuda_overheads(gpu, plan).allocator_bytes)
 
 
 def what_fits() -> AppTest:
@@ -171,7 +183,7 @@ def test_nothing_fits_shows_the_nearest_plans_and_their_misses():
     table = at.dataframe[0].value
     values = SidebarValues.from_state({**DEFAULTS, "catalog_model": "llama-2-7b", "task": "causal-lm"})
     shape = load_model_shape("llama-2-7b", Task.CAUSAL_LM)
-    capacity = capacity_bytes(values)
+    capacity = room_for(values)(ParallelPlan())
     assert len(table) and list(table["over by (%)"]) == sorted(table["over by (%)"])
     for row in table.to_dict("records"):
         plan = scenario_from_values(task="causal-lm", batch_size=int(row["micro-batch"]), seq_len=values.seq_len,

@@ -12,6 +12,7 @@ import pytest
 from conftest import tiny_config
 
 from planner.cli import main
+from planner.cuda_overheads import cuda_overheads
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
 from planner.finetune import FineTune, Method
@@ -272,15 +273,22 @@ def test_report_carries_the_fit_finders_best_options(tmp_path):
 def test_report_lists_the_nearest_plans_when_nothing_fits(tmp_path):
     from reporting import write_report
 
-    values = {"config": "gpt2", "task": "causal-lm", "batch_size": 4, "seq_len": 512, "gpu": "0.5"}
+    values = {"config": "gpt2", "task": "causal-lm", "batch_size": 4, "seq_len": 512, "gpu": "1.5"}
     report = json.loads(write_report(values, tmp_path / "plan.json").read_text())
     shape = load_model_shape("gpt2", Task.CAUSAL_LM)
     assert report["what_fits"] == [] and report["what_fits_nearest"]
+    # On CUDA a plan gets the capacity less the overheads (planner.cuda_overheads; a size names
+    # no GPU, so their larger figures).
+    overheads = cuda_overheads(None)
+    room = 3 * GIB // 2 - overheads.total_bytes - overheads.allocator_bytes
     for row in report["what_fits_nearest"]:
         plan = scenario_from_values(task="causal-lm", batch_size=row["micro-batch"], seq_len=512,
                                     optimizer=row["optimizer"], precision=row["precision"],
                                     gradient_checkpointing=row["checkpointing"], grad_accum=row["accumulation"])
-        assert row["over by (bytes)"] == estimate(shape, plan).peak_bytes - GIB // 2 > 0
+        assert row["over by (bytes)"] == estimate(shape, plan).peak_bytes - room > 0
+    filled = json.loads(write_report({**values, "gpu": "0.5"}, tmp_path / "small.json").read_text())
+    assert filled["what_fits"] == [] and filled["what_fits_nearest"] == []
+    assert filled["what_fits_left_out"][0].startswith("the CUDA overheads alone")
     assert any(line.startswith("LoRA plans left out") for line in report["what_fits_left_out"])
     markdown = write_report(values, tmp_path / "plan.md").read_text()
     assert "The nearest plans" in markdown and "| over by (%) |" in markdown
@@ -341,13 +349,21 @@ def test_mistral_on_8_a100_keeps_adamw_unless_risky_changes_are_allowed(mistral,
         assert option.to_json()["risks"] == [r.value for r in option.risks]
     # Allowed, risky plans still rank after every plan that risks nothing.
     assert allowed.options[:len(safe.options)] == safe.options
-    # The CLI, from the same plan: AdamW first, SGD and pure bf16 only with --allow-risky.
+    # The CLI, from the same plan: AdamW first, SGD and pure bf16 only with --allow-risky. It
+    # searches the room the CUDA overheads leave on each GPU under each strategy (the context;
+    # NCCL communicators: one under DDP and FSDP, two under ZeRO; planner.cuda_overheads).
+    def room(plan):
+        overheads = cuda_overheads(A100, plan)
+        return A100.capacity_bytes - overheads.total_bytes - overheads.allocator_bytes
+
+    on_the_driver = find_fits(mistral, own, A100.capacity_bytes, target, A100, 8, with_max_seq_len=False,
+                              room_for=room)
     argv = ["fit", "--config", "mistral-7b-v0.1", "--gpu", "a100-80gb", "--num-devices", "8", "--seq-len", "2048",
             "--effective-batch", "64", "--precision", "bf16-mixed", "--json"]
     assert main(argv) == 0
     first = json.loads(capsys.readouterr().out)[0]
     assert (first["optimizer"], first["precision"], first["strategy"]) == ("adamw", "bf16-mixed",
-                                                                         safe.options[0].strategy.value)
+                                                                         on_the_driver.options[0].strategy.value)
     assert main([*argv, "--allow-risky"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {(r["optimizer"], r["precision"], tuple(r["risks"])) for r in rows if r["risks"]} >= {
@@ -404,8 +420,11 @@ def test_nothing_fits_lists_the_nearest_plans_and_their_misses(gpt2, capsys):
                  for o in (Optimizer.ADAMW, Optimizer.ADAMW8BIT, Optimizer.HF_ADAFACTOR)
                  for p in (Precision.FP32, Precision.BF16_MIXED) for c in Checkpointing for k in (1, 2, 4))
     assert result.nearest[0].peak_bytes == lowest
-    # The CLI prints them (and, as JSON, marks them as not fitting).
-    argv = ["fit", "--config", "gpt2", "--gpu-memory-gib", str(capacity / GIB), "--gpu", "a10", "--seq-len", "256",
+    # The CLI prints them (and, as JSON, marks them as not fitting), on a GPU whose CUDA
+    # overheads (planner.cuda_overheads, an A10's) leave the same 600 MiB.
+    overheads = cuda_overheads(A10)
+    driver_total = capacity + overheads.total_bytes + overheads.allocator_bytes
+    argv = ["fit", "--config", "gpt2", "--gpu-memory-gib", str(driver_total / GIB), "--gpu", "a10", "--seq-len", "256",
             "--effective-batch", "4"]
     assert main(argv) == 0
     text = capsys.readouterr().out
