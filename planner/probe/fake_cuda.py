@@ -1,7 +1,7 @@
 """CUDA's kernel choices for a simulated step on a machine without a GPU.
 
 A simulated step runs on fake CPU tensors, so every op takes the CPU kernel's path and
-saves what the CPU kernel saves. `cuda_kernels(gpu)` makes three choices as torch 2.13
+saves what the CPU kernel saves. `cuda_kernels(gpu)` makes four choices as torch 2.13
 makes them for CUDA tensors on `gpu`, while the tensors stay fake CPU tensors (they cannot
 be fake CUDA tensors on a CPU-only build: docs/cuda_kernels.md says why, with the torch
 functions that refuse):
@@ -24,15 +24,25 @@ functions that refuse):
   0 < p < 1, numel > 0) it calls `native_dropout`, whose mask is bool (one byte per
   element); the CPU branch `_dropout_impl` multiplies by a noise tensor of the input's
   dtype. The math attention backend's own dropout goes through the same op.
+- Autocast. A simulation runs accelerate's `autocast("cpu")`; for every op whose CUDA
+  policy (torch 2.13.0's ATen/autocast_mode.h, AT_FORALL_*) differs from the CPU's
+  (autocast_mode.cpp, AutocastCPU), the AutocastCPU kernel is replaced by the CUDA policy:
+  exp, log, pow, rsqrt, layer_norm, rms_norm and the other fp32 ops cast to fp32;
+  softmax, log_softmax, sum, cumsum and the norms get dtype=fp32 when none is given;
+  einsum, mv, addmv and the RNN cells cast to the low-precision dtype; cross_entropy_loss,
+  which the CPU casts whole, runs as it decomposes (log_softmax, nll_loss). Seen on a tiny
+  GPT-2 in bf16-mixed: gelu_new's `torch.pow` makes its intermediates fp32 on CUDA.
 - Optimizer defaults. `torch.optim`'s `_default_to_fused_or_foreach` picks foreach for
   CUDA parameters and the single-tensor loop for CPU ones; inside the context CPU counts
   as a foreach device, so AdamW, Adam and SGD built with the defaults take the foreach
   path (all tensors' temporaries at once) as they do on CUDA.
 
 What this does not change (docs/cuda_kernels.md, "Remaining code-read assumptions"):
-autocast keeps the CPU op lists (accelerate enters `autocast("cpu")` in a simulation; the
-CUDA lists add, among others, softmax, layer_norm, pow and the reductions to the fp32
-policy); storage sizes stay exact element counts (MemTracker rounds CUDA storages to
+the CUDA-only low-precision casts (einsum and the rest) do not share autocast's cache of
+weight casts (the ops both devices cast, linear and matmul among them, keep torch's
+kernel and its cache); the CPU-only fp32 casts other than cross_entropy_loss (linalg, fft,
+pooling, padding, prod; the promotion of cat and stack) are kept; storage sizes stay
+exact element counts (MemTracker rounds CUDA storages to
 512 B, the caching allocator's block size; the allocator model is another module's); the
 philox seed and offset (24 B per flash call, 16 B otherwise) are counted, where on a GPU
 they live in host memory.
@@ -488,6 +498,97 @@ def _dropout_kernel(input, p, train):
     return input.mul(torch.zeros((), dtype=input.dtype, device=input.device))  # p == 1
 
 
+# --- autocast: CUDA's op lists where they differ from the CPU's ---
+# torch 2.13.0's installed ATen/autocast_mode.h lists the CUDA policies (AT_FORALL_*); the
+# CPU's are registered in aten/src/ATen/autocast_mode.cpp (TORCH_LIBRARY_IMPL(aten,
+# AutocastCPU, m)). A simulation runs autocast("cpu"), so each op whose policy differs gets
+# an AutocastCPU kernel with the CUDA policy; ops both lists treat alike keep torch's own
+# kernel (and its cache of weight casts).
+
+# AT_FORALL_LOWER_PRECISION_FP entries the CPU list lacks.
+CUDA_ONLY_LOWER_PRECISION = (
+    "_convolution", "convolution", "addmv", "addr", "einsum", "mv", "chain_matmul", "linalg_multi_dot",
+    "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+)
+# AT_FORALL_FP32 entries the CPU list lacks (the CPU casts the losses, kl_div and cdist alike).
+CUDA_ONLY_FP32 = (
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
+    "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus", "layer_norm",
+    "native_layer_norm", "rms_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim",
+    "cosine_similarity", "dist", "pdist", "renorm", "logsumexp",
+    "upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d", "_upsample_nearest_exact2d",
+    "upsample_nearest3d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+    "_upsample_bilinear2d_aa", "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
+)
+# AT_FORALL_FP32_SET_OPT_DTYPE (the CPU casts prod to fp32 instead: kept as the CPU's).
+CUDA_FP32_SET_OPT_DTYPE = (
+    "softmax.int", "log_softmax.int", "cumprod", "cumsum", "linalg_vector_norm", "linalg_matrix_norm",
+    "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList",
+)
+# In the CPU's fp32 list, in no CUDA list: on CUDA the op runs as it decomposes
+# (cross_entropy_loss: log_softmax, fp32_set_opt_dtype, and nll_loss, fp32).
+CPU_ONLY_CASTS = ("cross_entropy_loss",)
+
+
+def _eligible(value) -> bool:  # is_eligible for the CPU autocast key
+    return isinstance(value, torch.Tensor) and value.is_floating_point() and value.device.type == "cpu" \
+        and value.dtype != torch.float64
+
+
+def _without_autocast():
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU))
+
+
+def _overload(name: str):
+    op_name, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, op_name), overload or "default")
+
+
+def _cast_kernel(op, lower_precision: bool):
+    # WrapFunction_ for lower_precision_fp / fp32: cast every eligible tensor argument, then
+    # run the op with autocast excluded (its decomposition included), as cached_cast does
+    # minus the weight cache.
+    from torch.utils._pytree import tree_map
+
+    def kernel(*args, **kwargs):
+        dtype = torch.get_autocast_dtype("cpu") if lower_precision else torch.float32
+        args, kwargs = tree_map(lambda v: v.to(dtype) if _eligible(v) and v.dtype != dtype else v, (args, kwargs))
+        with _without_autocast():
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _set_opt_dtype_kernel(op):
+    # fp32_set_opt_dtype: when the first argument is eligible, an unset dtype becomes fp32.
+    arguments = op._schema.arguments
+    position = next(i for i, a in enumerate(arguments) if a.name == "dtype")
+    kwarg_only = arguments[position].kwarg_only
+
+    def kernel(*args, **kwargs):
+        if args and _eligible(args[0]):
+            if kwarg_only or len(args) <= position:
+                if kwargs.get("dtype") is None:
+                    kwargs = {**kwargs, "dtype": torch.float32}
+            elif args[position] is None:
+                args = args[:position] + (torch.float32,) + args[position + 1:]
+        with _without_autocast():
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _register_cuda_autocast(library) -> None:
+    for name in CUDA_ONLY_LOWER_PRECISION:
+        library.impl(name, _cast_kernel(_overload(name), lower_precision=True), "AutocastCPU")
+    for name in CUDA_ONLY_FP32:
+        library.impl(name, _cast_kernel(_overload(name), lower_precision=False), "AutocastCPU")
+    for name in CUDA_FP32_SET_OPT_DTYPE:
+        library.impl(name, _set_opt_dtype_kernel(_overload(name)), "AutocastCPU")
+    for name in CPU_ONLY_CASTS:
+        library.impl(name, torch.library.fallthrough_kernel, "AutocastCPU")
+
+
 @contextlib.contextmanager
 def cuda_kernels(gpu: CudaGpu | str = "sm90"):
     """Inside, fake CPU tensors take CUDA's attention backend, dropout kernel and optimizer
@@ -505,6 +606,7 @@ def cuda_kernels(gpu: CudaGpu | str = "sm90"):
             warnings.simplefilter("ignore")
             library.impl("scaled_dot_product_attention", _attention_kernel(gpu, choices), "CompositeImplicitAutograd")
             library.impl("dropout", _dropout_kernel, "CompositeImplicitAutograd")
+            _register_cuda_autocast(library)
         optimizer_module._get_foreach_kernels_supported_devices = lambda: [*foreach_devices(), "cpu"]
         yield choices
     finally:
