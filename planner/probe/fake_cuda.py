@@ -599,6 +599,10 @@ def cuda_kernels(gpu: CudaGpu | str = "sm90"):
     choices = _Choices()
     library = torch.library.Library("aten", "IMPL")
     foreach_devices = optimizer_module._get_foreach_kernels_supported_devices
+    # A fake parameter's type is FakeTensor (nn.Parameter keeps a subclass's own type), which
+    # _default_to_fused_or_foreach would refuse whatever the device.
+    foreach_types = optimizer_module._foreach_supported_types
+    added_type = FakeTensor not in foreach_types
     try:
         with warnings.catch_warnings():
             # "Overriding a previously registered kernel": the override is the point, and
@@ -608,7 +612,11 @@ def cuda_kernels(gpu: CudaGpu | str = "sm90"):
             library.impl("dropout", _dropout_kernel, "CompositeImplicitAutograd")
             _register_cuda_autocast(library)
         optimizer_module._get_foreach_kernels_supported_devices = lambda: [*foreach_devices(), "cpu"]
+        if added_type:
+            foreach_types.append(FakeTensor)
         yield choices
     finally:
+        if added_type and FakeTensor in foreach_types:
+            foreach_types.remove(FakeTensor)
         optimizer_module._get_foreach_kernels_supported_devices = foreach_devices
         library._destroy()
