@@ -49,8 +49,7 @@ they live in host memory.
 
 Known limitations: the selection reads torch 2.13's rules from source; the source read is
 pytorch main at 001f694 (sdp_utils.cpp) with torch 2.13.0's installed sdp_utils_cpp.h,
-and where main has moved past 2.13 (memory-efficient GQA, pytorch PR 191085) the 2.13 rule
-is kept. FlashAttention-3 (opt-in, `userEnabledFA3SDP`), nested tensors and ROCm are not
+and where main has moved past 2.13 (memory-efficient GQA) the 2.13 rule is kept. FlashAttention-3 (opt-in, `userEnabledFA3SDP`), nested tensors and ROCm are not
 modelled.
 """
 
@@ -264,7 +263,8 @@ def check_data_ptr_alignment_mem_efficient(p: SdpParams, gpu: CudaGpu) -> bool:
 
 
 def mem_efficient_batch_size_and_num_heads_dense(p: SdpParams, gpu: CudaGpu) -> bool:
-    # torch 2.13 passes supports_gqa=false here; main accepts GQA since pytorch PR 191085.
+    # torch 2.13 passes supports_gqa=false here (its sdp_utils_cpp.h predates main's MQA/GQA
+    # rework, pytorch PR 191085); main passes true. docs/cuda_kernels.md, section 4.
     return _batch_size_and_num_heads_dense(p, supports_gqa=False, requires_same_num_heads=True)
 
 
