@@ -297,3 +297,32 @@ def test_gpt2_fp32_step_with_dropout_drops_the_score_matrices_and_shrinks_the_ma
     attention = layers * (3 * scores - STEP_BATCH * heads * STEP_SEQ * 4 - 16)
     other_dropouts = (1 + 2 * layers) * STEP_BATCH * STEP_SEQ * width * (4 - 1)
     assert cpu - cuda == attention + other_dropouts
+
+
+def test_the_probe_records_cuda_kernels_when_asked():
+    """planner.probe.run.record_probes(..., gpu=...): the probe's recordings hold the CUDA
+    kernels' storages (memory-efficient log-sum-exp, no score matrices) instead of the CPU's.
+    fp32 GPT-2 with attention dropout: memory-efficient attention on sm90."""
+    import json
+
+    from planner.loading import model_shape_for_config
+    from planner.probe import cache
+    from planner.probe.run import PROBE_SIZES, layout_for, record_probes
+    from planner.scenario import Task, scenario_from_values
+    from planner.shapes_from_config import load_transformers_config
+
+    config_dict = tiny_config("tiny-gpt2")  # attention dropout 0.1: CPU SDPA is the math kernel
+    shape = model_shape_for_config(config_dict, Task.CAUSAL_LM)
+    scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=16, device="cpu")
+    config = load_transformers_config(json.loads(shape.source_config), scenario.task, scenario.num_labels)
+    layout = layout_for(config)
+    heads = config_dict["n_head"]
+
+    recordings = record_probes(config_dict, config, scenario, layout, cache.window_exceeded(shape, scenario),
+                               gpu="sm90")
+    for (b, s), recording in zip(PROBE_SIZES, recordings, strict=True):
+        shapes = {size[0] for size in recording.sizes}
+        # The CPU probe records (b, h, s, s) scores, noise and dropped weights here (the
+        # math kernel, as test_flash_saves_a_logsumexp_where_the_cpu_math_path_saves_scores shows).
+        assert not any(t is not None and t[-2:] == (s, s) for t in shapes)
+        assert (b, heads, math.ceil(s / 32) * 32) in shapes
