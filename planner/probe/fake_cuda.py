@@ -42,15 +42,18 @@ the CUDA-only low-precision casts (einsum and the rest) do not share autocast's 
 weight casts (the ops both devices cast, linear and matmul among them, keep torch's
 kernel and its cache); the CPU-only fp32 casts other than cross_entropy_loss (linalg, fft,
 pooling, padding, prod; the promotion of cat and stack) are kept; storage sizes stay
-exact element counts (MemTracker rounds CUDA storages to
-512 B, the caching allocator's block size; the allocator model is another module's); the
-philox seed and offset (24 B per flash call, 16 B otherwise) are counted, where on a GPU
-they live in host memory.
+exact element counts (MemTracker rounds CUDA storages to 512 B, the caching allocator's
+block size; the allocator model is another module's); the philox seed and offset (24 B
+per flash call, 16 B otherwise) are counted, where on a GPU they live in host memory; the
+attention kernels' internal scratch (flash backward's fp32 dq accumulator, the
+memory-efficient and cuDNN workspaces) is not counted: only what the ops return and
+autograd saves is.
 
 Known limitations: the selection reads torch 2.13's rules from source; the source read is
 pytorch main at 001f694 (sdp_utils.cpp) with torch 2.13.0's installed sdp_utils_cpp.h,
-and where main has moved past 2.13 (memory-efficient GQA) the 2.13 rule is kept. FlashAttention-3 (opt-in, `userEnabledFA3SDP`), nested tensors and ROCm are not
-modelled.
+and where main has moved past 2.13 (memory-efficient GQA) the 2.13 rule is kept.
+FlashAttention-3 (opt-in, `userEnabledFA3SDP`), nested tensors and ROCm are not modelled.
+None of it has been measured on a GPU (scripts/check_fake_cuda_on_gpu.py is the check).
 """
 
 from __future__ import annotations
