@@ -215,8 +215,8 @@ def simulation(fake_mode, gpu=None):
     """Fake tensors and the patches that keep a simulated step on the real run's path
     (the simulate runner and the probe both enter this). `gpu` (a planner.probe.fake_cuda
     CudaGpu or architecture name such as "sm90"): the step takes CUDA's attention backend,
-    dropout kernel and optimizer default on that GPU instead of the CPU's; None, the CPU's
-    (and nothing is yielded)."""
+    dropout kernel, autocast lists and optimizer default on that GPU instead of the CPU's;
+    None, the CPU's (and nothing is yielded)."""
     if gpu is None:
         kernels = contextlib.nullcontext()
     else:
