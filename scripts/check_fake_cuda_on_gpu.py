@@ -67,7 +67,8 @@ def check_backends(gpu: CudaGpu) -> int:
         real = Backend(torch._fused_sdp_choice(q, k, v, attn_mask, dropout, causal, enable_gqa=gqa))
         ours = select_sdp_backend(SdpParams(q, k, v, attn_mask, dropout, causal, gqa), gpu)
         failures += real is not ours
-        print(f"backend  {label:28s} torch {real.name:9s} fake_cuda {ours.name:9s} {'ok' if real is ours else 'MISMATCH'}")
+        verdict = "ok" if real is ours else "MISMATCH"
+        print(f"backend  {label:28s} torch {real.name:9s} fake_cuda {ours.name:9s} {verdict}")
     return failures
 
 

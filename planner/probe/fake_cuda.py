@@ -574,7 +574,7 @@ def _set_opt_dtype_kernel(op):
                 if kwargs.get("dtype") is None:
                     kwargs = {**kwargs, "dtype": torch.float32}
             elif args[position] is None:
-                args = args[:position] + (torch.float32,) + args[position + 1:]
+                args = (*args[:position], torch.float32, *args[position + 1:])
         with _without_autocast():
             return op(*args, **kwargs)
 
