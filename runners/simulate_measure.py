@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from planner.probe.fake_mode import fake_quantile_maps  # noqa: F401  (shared with the probe)
-
+from planner.probe.fake_mode import fake_quantile_maps  # shared with the probe
 
 
 def fake_batches(real_batches: list[dict], fake_mode: FakeTensorMode) -> list[dict]:
@@ -22,3 +21,35 @@ def fake_batches(real_batches: list[dict], fake_mode: FakeTensorMode) -> list[di
         if not bool((batch["attention_mask"] == 1).all()):
             raise ValueError("the simulator reproduces unpadded batches only (all-ones attention_mask)")
     return [{name: fake_mode.from_tensor(tensor) for name, tensor in batch.items()} for batch in real_batches]
+
+
+def simulate_step(config: dict, scenario_values: dict, gpu=None, steps: int = 2, seed: int = 0) -> dict:
+    """The simulate mode's measured step (runners.measure.execute, Mode.SIMULATE: the lessons'
+    loop under accelerate, MemTracker on fake tensors), in this process, with the kernels of
+    `gpu` (planner.probe.fake_cuda: a CudaGpu or an architecture name such as "sm90") or,
+    with None, the CPU's. The measured categories come back as execute's `measured`, plus
+    `attention_backends`: the backend each attention call took (CUDA kernels only)."""
+    from planner.probe.fake_mode import simulation
+    from runners.measure import _optimizer_for, _train
+    from runners.model_factory import build_model, synthetic_batch
+    from runners.probes import MemTrackerProbe
+    from runners.request import Mode, VerifyRequest
+
+    request = VerifyRequest(config=config, model_name="simulated", scenario=scenario_values, mode=Mode.SIMULATE,
+                            steps=steps, seed=seed)
+    scenario = request.parsed_scenario()
+    real_batches = [synthetic_batch(config, scenario, seed=i) for i in range(scenario.grad_accum_steps)]
+    fake_mode = FakeTensorMode()
+    with fake_mode:
+        model = build_model(config, scenario, seed=seed)
+    batches = fake_batches(real_batches, fake_mode)
+    optimizer = _optimizer_for(request, scenario, model)
+    fake_quantile_maps(optimizer, fake_mode)
+    probe = MemTrackerProbe()
+    with simulation(fake_mode, gpu) as choices:
+        _train(request, scenario, model, optimizer, batches, probe, cpu=True, on_step=lambda step, steps: None)
+    if probe.result is None:
+        raise RuntimeError("the measured step never ran")
+    measured = probe.result.to_json()
+    measured["attention_backends"] = [b.name.lower() for b in choices.attention] if choices is not None else []
+    return measured

@@ -211,12 +211,21 @@ def _quiet_fake_kernel_failures():
 
 
 @contextlib.contextmanager
-def simulation(fake_mode):
+def simulation(fake_mode, gpu=None):
     """Fake tensors and the patches that keep a simulated step on the real run's path
-    (the simulate runner and the probe both enter this)."""
+    (the simulate runner and the probe both enter this). `gpu` (a planner.probe.fake_cuda
+    CudaGpu or architecture name such as "sm90"): the step takes CUDA's attention backend,
+    dropout kernel, autocast lists and optimizer default on that GPU instead of the CPU's;
+    None, the CPU's (and nothing is yielded)."""
+    if gpu is None:
+        kernels = contextlib.nullcontext()
+    else:
+        from planner.probe.fake_cuda import cuda_kernels
+
+        kernels = cuda_kernels(gpu)
     with (fake_mode, scalar_stand_ins(), all_ones_padding_masks(), grouped_mm_in_every_dtype(),
-          _quiet_fake_kernel_failures()):
-        yield
+          _quiet_fake_kernel_failures(), kernels as choices):
+        yield choices  # with a gpu, the record of its attention choices (fake_cuda.cuda_kernels)
 
 
 def fake_quantile_maps(optimizer, fake_mode) -> None:

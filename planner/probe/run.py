@@ -129,7 +129,7 @@ def _trainer_loss(model, batch):
     return model(**batch).loss
 
 
-def _record(model, accelerator, fake, prefix: str, scenario: Scenario, batches: list[dict]) -> Recording:
+def _record(model, accelerator, fake, prefix: str, scenario: Scenario, batches: list[dict], gpu=None) -> Recording:
     """One probe: the step of `scenario`'s loop on `batches` (previous step's last, then two)."""
     from planner.probe.fake_mode import simulation
 
@@ -137,7 +137,7 @@ def _record(model, accelerator, fake, prefix: str, scenario: Scenario, batches: 
     recorder = Recorder(recording, prefix)
     recorder.track_external(model)
     lessons_loop = scenario.engine is Engine.ACCELERATE
-    with simulation(fake) if fake is not None else contextlib.nullcontext(), recorder, warnings.catch_warnings():
+    with simulation(fake, gpu) if fake is not None else contextlib.nullcontext(), recorder, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         outputs = None
         if lessons_loop:
@@ -163,22 +163,26 @@ def _record(model, accelerator, fake, prefix: str, scenario: Scenario, batches: 
     return recording
 
 
-def _first_step(model, accelerator, fake, batch: dict) -> None:
+def _first_step(model, accelerator, fake, batch: dict, gpu=None) -> None:
     """One unrecorded step, as a real run's first: what a model creates once (LongRoPE's
     frequency buffers, lazily built caches) must not shift the first probe's storages."""
     from planner.probe.fake_mode import simulation
 
-    with simulation(fake) if fake is not None else contextlib.nullcontext(), warnings.catch_warnings():
+    with simulation(fake, gpu) if fake is not None else contextlib.nullcontext(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         accelerator.backward(model(**batch).loss)
         model.zero_grad(set_to_none=True)
 
 
 def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout, window_exceeded: bool,
-                  progress: Callable[[str], None] | None = None, real: bool = False) -> list[Recording]:
+                  progress: Callable[[str], None] | None = None, real: bool = False,
+                  gpu=None) -> list[Recording]:
     """The three probes of one technique class, at PROBE_SIZES, on one reduced model: fake,
     or (`real`, for code that reads tensor values: a `nonzero()` in a loss) real CPU tensors,
-    which MemTracker counts alike (tests/test_simulate.py)."""
+    which MemTracker counts alike (tests/test_simulate.py). `gpu` (fake tensors only): take
+    that GPU's CUDA kernels (planner.probe.fake_cuda, e.g. "sm90"); None, the CPU's."""
+    if gpu is not None and real:
+        raise ValueError("CUDA kernels are simulated on fake tensors only")
     import dataclasses
 
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -204,6 +208,6 @@ def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout,
         if fake is not None:
             batches = [{name: fake.from_tensor(tensor) for name, tensor in b.items()} for b in batches]
         if number == 1:
-            _first_step(model, accelerator, fake, batches[0])
-        recordings.append(_record(model, accelerator, fake, prefix, probe_scenario, batches))
+            _first_step(model, accelerator, fake, batches[0], gpu)
+        recordings.append(_record(model, accelerator, fake, prefix, probe_scenario, batches, gpu))
     return recordings

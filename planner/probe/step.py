@@ -13,7 +13,8 @@ create_optimizer builds them. The Trainer clips gradients first (`max_grad_norm=
 tensors only.
 
 Known limitations: the CUDA default (foreach) updates all tensors at once; its temporaries
-are planner.optimizer_step's, read from the code.
+are planner.optimizer_step's, read from the code. With `gpu` the probe takes the foreach
+path, but on the reduced model's tensors only, which is not the real model's total.
 """
 
 from __future__ import annotations
@@ -25,15 +26,21 @@ from planner.model_shape import ModelShape
 from planner.scenario import Engine, Optimizer, Scenario
 
 
-def step_temporaries(shape: ModelShape, scenario: Scenario) -> int:
-    """Peak live bytes above the start of a steady-state optimizer step (bytes)."""
+def step_temporaries(shape: ModelShape, scenario: Scenario, gpu=None) -> int:
+    """Peak live bytes above the start of a steady-state optimizer step (bytes). `gpu`: take
+    that GPU's CUDA defaults (planner.probe.fake_cuda: foreach for torch's optimizers); None,
+    the CPU's."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from planner.probe.build import build_model
     from planner.probe.fake_mode import fake_quantile_maps, simulation
     from planner.probe.memtracker import TrainableMemTracker
-    from planner.probe.optimizers import TRAINER_OPTIM, build_optimizer, trainer_parameter_groups
+    from planner.probe.optimizers import (
+        TRAINER_OPTIM,
+        build_optimizer,
+        trainer_parameter_groups,
+    )
     from planner.probe.run import layout_for, reduced_config
     from planner.shapes_from_config import load_transformers_config
 
@@ -60,7 +67,7 @@ def step_temporaries(shape: ModelShape, scenario: Scenario) -> int:
             if isinstance(module, torch.nn.Embedding):
                 manager.register_module_override(module, "weight", {"optim_bits": 32})
     fake_quantile_maps(optimizer, fake)
-    with simulation(fake), warnings.catch_warnings():
+    with simulation(fake, gpu), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         optimizer.step()  # the first step creates the state
         tracker = TrainableMemTracker()
