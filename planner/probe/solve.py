@@ -9,6 +9,7 @@ Why this is exact:
   dimension is a constant or a · X + c for one X of b, s, b·s, s², b·s² (heads x sequence,
   a shifted label length s + 1, a flattened b·s). Three probes determine a and c and check
   them (two would fit any affine formula); PROBE_SIZES admit no two formulas at once.
+  Batch 1 is probed on its own (run.BATCH_ONE_PROBE_SIZES), its table a function of s.
   The product, expanded, is the storage's size as a polynomial in b and s.
 - Depth: the blocks are run one after the other, each creating and freeing the same
   tensors as any other block of its layer type, so the step of an L-layer model is the
@@ -33,11 +34,15 @@ _MONOMIALS = ((1, 0), (0, 1), (1, 1), (0, 2), (1, 2))  # b, s, b*s, s^2, b*s^2
 
 
 def _dimension_formula(values: tuple[int, ...], sizes: tuple[tuple[int, int], ...]) -> dict[tuple[int, int], int]:
-    """One dimension across the probes as {monomial: coefficient}: constant, or a · X + c."""
+    """One dimension across the probes as {monomial: coefficient}: constant, or a · X + c.
+    Probes of one batch size (batch 1's class) tell no power of b apart: X is a power of s."""
     if len(set(values)) == 1:
         return {(0, 0): values[0]}
+    one_batch = len({b for b, _ in sizes}) == 1
     found = []
     for i, j in _MONOMIALS:
+        if one_batch and i:
+            continue
         xs = [b**i * s**j for b, s in sizes]
         a = Fraction(values[1] - values[0], xs[1] - xs[0])
         c = values[0] - a * xs[0]
