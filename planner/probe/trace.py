@@ -23,7 +23,12 @@ later micro-batch) and plays each segment's events (planner.probe.table.ProbeTra
   of the same size; the instance freed is the one that real layer made.
 - Micro-batch 1 frees what micro-batch 0 left (the lessons' loop's outputs); a later
   micro-batch frees what its predecessor left: micro-batch 1's own storages alive at its end,
-  matched in creation order with the earlier ones it frees (same count and sizes, checked).
+  matched with the earlier ones it frees by size, the latest with the latest (checked).
+  What the recorded loop keeps alive with each batch until the recording ends (a tensor
+  derived from the inputs, never freed in the step; OPT, GPT-2 and DistilBERT keep one) makes
+  micro-batch 1 end with more than it started with; a later micro-batch first lets go of the
+  one kept with the batch before last, so that it starts as micro-batch 1 did (the walk
+  repeats micro-batch 1 from the same level).
 
 `check_against_walk` accounts the expansion exactly (allocated = sum of live bytes, no
 rounding, no cache) and requires its high points to be the walk's, to the byte.
@@ -59,6 +64,7 @@ class Expansion:
     initial_count: int  # the first events allocate what is alive at the start of the step
     spans: tuple[Span, ...]
     live_at_end: tuple[tuple[Hashable, int], ...]  # (key, storage) alive after the last backward, in allocation order
+    layers: list[int | None]  # per event: the real layer whose segment it is in (None: outside the blocks)
 
 
 def _parts(table: ProbeTable, micro: int, backward: bool) -> list[tuple[int | None, str]]:
@@ -91,18 +97,22 @@ def expand(table: ProbeTable, batch: int, seq: int, accumulation_steps: int) -> 
                 freed.add(index)
     by_role = {(group, makers[i], ordinals[i]): i for i, group in group_of.items() if makers[i] >= 0}
     later: dict[int, int] = {}  # for micro-batches >= 2: what micro-batch 1 freed of earlier ones -> its own
+    kept: list[tuple[int, int]] = []  # (micro-batch 0's, micro-batch 1's) kept with their batch
     if accumulation_steps > 2:
         consumed = sorted({i for name, events in trace.events.items() if name.startswith("1:")
                            for i, sign, _ in events if sign < 0 and i not in made_in_one})
         left = sorted(i for i in made_in_one if i not in freed)
-        if len(consumed) != len(left) or any(polys[a] != polys[b] for a, b in zip(consumed, left)):
-            raise TraceError(f"micro-batch 1 frees {len(consumed)} earlier storages but leaves {len(left)} of its "
-                             "own (or of other sizes): a later micro-batch would not repeat it")
-        later = dict(zip(consumed, left))
+        later, extra = match_by_size(consumed, left, polys, "micro-batch 1 frees", "of its own")
+        gradients = set(trace.gradients)
+        kept_zero = sorted(i for i, group in group_of.items()
+                           if group.startswith("0:") and i not in freed and i not in gradients)
+        paired, _ = match_by_size(extra, kept_zero, polys, "micro-batch 1 keeps", "of micro-batch 0's")
+        kept = [(old, new) for new, old in paired.items()]
 
     num_layers, stands_for = table.num_layers, table.stands_for
     stacks: dict[int, list[tuple[Hashable, int | None]]] = {}  # storage -> live (key, real layer), oldest first
     events: list[tuple[Hashable, int]] = []
+    layers: list[int | None] = []
     serial = 0
     for index in trace.initial:
         key = (index, serial)
@@ -110,6 +120,7 @@ def expand(table: ProbeTable, batch: int, seq: int, accumulation_steps: int) -> 
         stacks.setdefault(index, []).append((key, None))
         events.append((key, sizes[index]))
     initial_count = len(events)
+    layers += [None] * initial_count
 
     def pop(index: int, layer: int | None, wanted: int | None, name: str) -> Hashable:
         stack = stacks.get(index)
@@ -124,6 +135,13 @@ def expand(table: ProbeTable, batch: int, seq: int, accumulation_steps: int) -> 
     spans = []
     for micro_batch in range(accumulation_steps):
         micro = min(micro_batch, 1)
+        if micro_batch >= 2:
+            # What the recorded loop keeps with each batch: the batch before last is let go, so
+            # that every later micro-batch starts as micro-batch 1 did (the walk's repeat).
+            for old, new in kept:
+                stack = stacks[old] if micro_batch == 2 else stacks[new]
+                events.append((stack.pop(0)[0], FREE))
+                layers.append(None)
         for backward in (False, True):
             start = len(events)
             direction = "bw" if backward else "fw"
@@ -168,9 +186,26 @@ def expand(table: ProbeTable, batch: int, seq: int, accumulation_steps: int) -> 
                                          f"times, {len(stacks.get(target, ()))} instances alive")
                     for _ in range(weight):
                         events.append((pop(target, layer, wanted, name), FREE))
+                layers += [layer] * (len(events) - len(layers))
             spans.append(Span(micro_batch, backward, start, len(events)))
     alive = sorted(((key, index) for index, stack in stacks.items() for key, _ in stack), key=lambda kv: kv[0][1])
-    return Expansion(events, initial_count, tuple(spans), tuple(alive))
+    return Expansion(events, initial_count, tuple(spans), tuple(alive), layers)
+
+
+def match_by_size(olds: list[int], news: list[int], polys, what: str, whose: str) -> tuple[dict[int, int], list[int]]:
+    """Pair each of `olds` with one of `news` of the same size polynomial, the latest with the
+    latest (creation order); returns the pairs and the `news` left over."""
+    rest = list(news)
+    pairs = {}
+    for old in reversed(olds):
+        for k in range(len(rest) - 1, -1, -1):
+            if polys[rest[k]] == polys[old]:
+                pairs[old] = rest.pop(k)
+                break
+        else:
+            raise TraceError(f"{what} {len(olds)} earlier storages but leaves {len(news)} {whose}, "
+                             f"none the size of storage {old}: a later micro-batch would not repeat it")
+    return pairs, rest
 
 
 def step_events(table: ProbeTable, batch: int, seq: int, accumulation_steps: int) -> list[tuple[Hashable, int]]:
