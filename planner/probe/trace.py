@@ -11,8 +11,9 @@ later micro-batch) and plays each segment's events (planner.probe.table.ProbeTra
   counting every instance of the expansion (the storages alive at the start come first, in
   index order, and are the first events).
 - A free of weight w frees w live instances of its storage, the last made first (a stack per
-  storage). That is the real order for what a block saves in its forward and frees in its
-  backward (backward meets the layers in the reverse order), for autocast's weight copies
+  storage; for a block's own tensors, the one its real layer made). That is the real order
+  for what a block saves in its forward and frees in its backward (backward meets the
+  layers in the reverse order), for autocast's weight copies
   freed for every layer at once when the forward returns (w = the layers a block stands for:
   all of them), and for what was alive at the start (one instance). Where the free's maker
   and freer are neighbouring blocks (a block's output freed by the next block, an input
@@ -32,6 +33,15 @@ later micro-batch) and plays each segment's events (planner.probe.table.ProbeTra
 
 `check_against_walk` accounts the expansion exactly (allocated = sum of live bytes, no
 rounding, no cache) and requires its high points to be the walk's, to the byte.
+
+Known limitations: the order within a run of frees that happen together is the probe's
+canonical one (by storage: planner.probe.solve._canonical), not the real one (autocast's
+cache is a hash map), and the instances freed at once go newest first; neither changes
+live bytes, but may change which free blocks the allocator merges first. A free by a
+block that is not its maker's neighbour frees the newest instance. Where the real layer
+before the last block is of another type than the probe's (an alternating pattern at a
+depth the pattern does not divide), the walk itself is approximate and the expansion
+raises TraceError if the neighbour's counterpart differs in size.
 """
 
 from __future__ import annotations
