@@ -53,16 +53,29 @@ class ProbeTrace:
 
     def to_json(self) -> dict:
         # Compact: distinct polynomials once; an event is one int (i: allocate, ~i: free),
-        # weights other than 1 listed apart as (position, weight).
+        # weights other than 1 listed apart as (position, weight); makers and ordinals follow
+        # from where each allocation is (_makers), given the allocations a block's segment
+        # holds that its block did not make ("unmade": between blocks, after the last).
         distinct: dict[Poly, int] = {}
         which = [distinct.setdefault(p, len(distinct)) for p in self.polys]
-        return {"polys": [[list(t) for t in p] for p in distinct], "storage_polys": which,
+        unmade = {}
+        for name, events in self.events.items():
+            part = name.split(":")[2]
+            if name.endswith(":first") or part == "outside":
+                continue
+            positions = [k for k, (i, sign, _) in enumerate(events) if sign > 0 and self.makers[i] != int(part)]
+            if positions:
+                unmade[name] = positions
+        data = {"polys": [[list(t) for t in p] for p in distinct], "storage_polys": which,
                 "initial": list(self.initial), "gradients": list(self.gradients),
-                "makers": list(self.makers), "ordinals": list(self.ordinals),
                 "events": {name: [i if sign > 0 else ~i for i, sign, _ in events]
                            for name, events in self.events.items()},
                 "weights": {name: [[k, w] for k, (_, _, w) in enumerate(events) if w != 1]
-                            for name, events in self.events.items() if any(w != 1 for _, _, w in events)}}
+                            for name, events in self.events.items() if any(w != 1 for _, _, w in events)},
+                "unmade": unmade}
+        if _makers(self.events, len(self.polys), unmade) != (self.makers, self.ordinals):
+            data["makers"], data["ordinals"] = list(self.makers), list(self.ordinals)  # kept as they are
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> ProbeTrace:
@@ -72,10 +85,32 @@ class ProbeTrace:
             weights = {int(k): int(w) for k, w in data.get("weights", {}).get(name, ())}
             events[name] = tuple((int(e), 1, weights.get(k, 1)) if e >= 0 else (~int(e), -1, weights.get(k, 1))
                                  for k, e in enumerate(flat))
-        return cls(polys=tuple(distinct[int(k)] for k in data["storage_polys"]),
-                   initial=tuple(int(i) for i in data["initial"]), gradients=tuple(int(i) for i in data["gradients"]),
-                   makers=tuple(int(i) for i in data["makers"]), ordinals=tuple(int(i) for i in data["ordinals"]),
+        polys = tuple(distinct[int(k)] for k in data["storage_polys"])
+        if "makers" in data:
+            makers, ordinals = tuple(int(i) for i in data["makers"]), tuple(int(i) for i in data["ordinals"])
+        else:
+            makers, ordinals = _makers(events, len(polys), data.get("unmade", {}))
+        return cls(polys=polys, initial=tuple(int(i) for i in data["initial"]),
+                   gradients=tuple(int(i) for i in data["gradients"]), makers=makers, ordinals=ordinals,
                    events=events)
+
+
+def _makers(events: dict, count: int, unmade: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Makers and ordinals from the allocations' places: what block k made is allocated in
+    segment "m:d:k" (its every-instance variant holds all of it, in recorded order), and an
+    ordinal is the rank there (planner.probe.solve._made)."""
+    makers, ordinals = [-1] * count, [-1] * count
+    for name, entries in events.items():
+        micro, direction, part, *first = name.split(":")
+        if first or part == "outside":
+            continue
+        skip = set(unmade.get(name, ()))
+        rank = 0
+        for k, (index, sign, _) in enumerate(entries):
+            if sign > 0 and k not in skip:
+                makers[index], ordinals[index] = int(part), rank
+                rank += 1
+    return tuple(makers), tuple(ordinals)
 
 
 @dataclass(frozen=True)
