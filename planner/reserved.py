@@ -16,10 +16,10 @@
 Keys: parameters ("param", i), buffers ("buffers", kind), state ("state", i, n) and
 ("state", "qmap1"/"qmap2"), the step's tensors planner.probe.trace's (storage, serial), the
 optimizer step's ("optimizer-step",). The outputs the lessons' loop carries from one step
-to the next are keyed ("carry", parity, j): the step's last outputs (its live non-gradient
-tensors at the end, in allocation order) are the next step's starting ones (the trace's
-initial storages it frees, in index order; matched by size, the latest with the latest,
-and an error where one has no match), so
+to the next are keyed ("carry", parity, j): the step's last outputs (of its live
+non-gradient tensors at the end, in allocation order, those matching the carried ones'
+sizes, the latest with the latest; a TraceError where one has no match) are the next
+step's starting ones (the trace's initial storages the step frees, in index order), so
 `replay(step, prefix=prefix, repeats=2)` is a steady state. Where the new outputs are made
 before the old ones die (one micro-batch: the new forward returns before `outputs` is
 rebound) one step cannot hand its keys to itself: `step` is then two steps, the second
