@@ -2,8 +2,8 @@
 
 One file per catalog config, holding its probe tables for the default technique classes
 (default task, SDPA where the model has it, the lessons' loop, no checkpointing; fp32 and
-bf16 autocast; `--all` adds pure bf16 and checkpointing) and the optimizer step's
-temporaries (AdamW; `--all`: the fit finder's four optimizers). Anything else is probed
+bf16 autocast; batch 1 and larger batches; `--all` adds pure bf16 and checkpointing) and
+the optimizer step's temporaries (AdamW; `--all`: the fit finder's four optimizers). Anything else is probed
 on first use and cached per user.
 tests/test_probe_cache.py checks a shipped table against a fresh probe.
 
@@ -13,6 +13,7 @@ Run: python scripts/build_probe_tables.py [--only NAME] (minutes: a few seconds 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import tempfile
@@ -29,6 +30,7 @@ from planner.scenario import scenario_from_values  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 STEP_OPTIMIZERS = ("adamw", "adamw8bit", "hf-adafactor", "sgd")
+BATCH_CLASSES = (2, 1)  # batch 1 is a technique class of its own (planner.probe.cache)
 
 
 def ship(name: str, everything: bool) -> int:
@@ -38,13 +40,13 @@ def ship(name: str, everything: bool) -> int:
     written = 0
     attention = "sdpa" if shape.supports_sdpa else "eager"
     for precision in PRECISIONS if everything else PRECISIONS[:2]:
-        for checkpointing in (False, True) if everything else (False,):
-            scenario = scenario_from_values(task=entry.default_task.value, batch_size=1, seq_len=8, device="cpu",
+        for checkpointing, batch in itertools.product((False, True) if everything else (False,), BATCH_CLASSES):
+            scenario = scenario_from_values(task=entry.default_task.value, batch_size=batch, seq_len=8, device="cpu",
                                             precision=precision, gradient_checkpointing=checkpointing,
                                             attn=attention)
             table = cache.probe_table(shape, scenario)
             if isinstance(table, str):
-                print(f"  {name} {precision} checkpointing={checkpointing}: not probed ({table})")
+                print(f"  {name} {precision} checkpointing={checkpointing} batch {batch}: not probed ({table})")
                 continue
             cache.store(table, path)
             written += 1

@@ -22,15 +22,47 @@ def tiny_configs_dir() -> Path:
     return CONFIGS
 
 
+def _tallies() -> tuple[dict, list]:
+    """What this process's reliability tests counted: inputs tried by kind, faults survived."""
+    tried, survived = {}, []
+    for name, module in list(sys.modules.items()):
+        if name.endswith("test_bad_input_properties"):
+            tried = dict(getattr(module, "TRIED", None) or {})
+        if name.endswith("test_reliability"):
+            survived = list(getattr(module, "FAULTS_SURVIVED", None) or [])
+    return tried, survived
+
+
+_FROM_WORKERS: dict = {"tried": {}, "survived": []}  # pytest-xdist: the workers' tallies, summed
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: hand the tallies to the controller
+        workeroutput["tried"], workeroutput["survived"] = _tallies()
+
+
+try:
+    import xdist  # noqa: F401 (only its hook is needed)
+except ImportError:
+    pass
+else:
+    def pytest_testnodedown(node, error):
+        output = getattr(node, "workeroutput", {})
+        for kind, count in output.get("tried", {}).items():
+            _FROM_WORKERS["tried"][kind] = _FROM_WORKERS["tried"].get(kind, 0) + count
+        _FROM_WORKERS["survived"] += output.get("survived", [])
+
+
 def pytest_terminal_summary(terminalreporter):
     """Print how many generated inputs the reliability tests tried (shown with or without -s)."""
-    for name, module in list(sys.modules.items()):
-        tried = getattr(module, "TRIED", None) if name.endswith("test_bad_input_properties") else None
-        if tried:
-            parts = ", ".join(f"{count} {kind}" for kind, count in sorted(tried.items()))
-            terminalreporter.write_line(f"bad input tried: {sum(tried.values())} inputs ({parts}); "
-                                        "every one an estimate or a one-line PlannerInputError")
-    for name, module in list(sys.modules.items()):
-        survived = getattr(module, "FAULTS_SURVIVED", None) if name.endswith("test_reliability") else None
-        if survived:
-            terminalreporter.write_line(f"faults injected and survived: {len(survived)} ({', '.join(survived)})")
+    tried, survived = _tallies()
+    for kind, count in _FROM_WORKERS["tried"].items():
+        tried[kind] = tried.get(kind, 0) + count
+    survived += _FROM_WORKERS["survived"]
+    if tried:
+        parts = ", ".join(f"{count} {kind}" for kind, count in sorted(tried.items()))
+        terminalreporter.write_line(f"bad input tried: {sum(tried.values())} inputs ({parts}); "
+                                    "every one an estimate or a one-line PlannerInputError")
+    if survived:
+        terminalreporter.write_line(f"faults injected and survived: {len(survived)} ({', '.join(survived)})")

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from test_probe import _assert_close, _compare, _own_probe_cache, deep  # noqa: F401 (the fixture)
+from probe_comparison import assert_close, compare, deep, own_probe_cache  # noqa: F401 (the fixture)
 from planner.cli import main
 from runners.request import Mode
 
@@ -29,8 +29,8 @@ CASES = [
                               for n, _, o, m in CASES])
 def test_lora_probe_matches_the_measured_peft_step(name, task, overrides, mode):
     values = {"task": task, "batch_size": 3, "seq_len": 40, "finetune": "lora", "lora_r": 8, **overrides}
-    estimated, measured = _compare(deep(name, 5), values, mode)
-    _assert_close(estimated, measured, name)
+    estimated, measured = compare(deep(name, 5), values, mode)
+    assert_close(estimated, measured, name)
     assert estimated.optimizer_state_bytes == measured["optimizer_state_bytes"]
 
 

@@ -38,7 +38,9 @@ def test_shipped_table_equals_a_fresh_probe(name, task, precision):
     shipped = json.loads((SHIPPED_DIR / f"{config_digest(shape)}.json").read_text())
     key = technique_key(shape, scenario)
     assert key in shipped, "scripts/build_probe_tables.py was not re-run for the installed libraries"
-    assert shipped[key] == _fresh(shape, scenario).to_json()
+    fresh = _fresh(shape, scenario).to_json()
+    fresh.pop("trace")  # the allocation trace is newer than the shipped tables, which load without it
+    assert shipped[key] == fresh
 
 
 def test_every_catalog_model_ships_its_default_table():
@@ -47,11 +49,12 @@ def test_every_catalog_model_ships_its_default_table():
     missing = []
     for name, entry in catalog_entries().items():
         shape = load_model_shape(name, entry.default_task)
-        scenario = scenario_from_values(task=entry.default_task.value, batch_size=1, seq_len=8, device="cpu",
-                                        attn="sdpa" if shape.supports_sdpa else "eager")
         tables = cache._read(SHIPPED_DIR / f"{config_digest(shape)}.json")
-        if technique_key(shape, scenario) not in tables:
-            missing.append(name)
+        for batch in (1, 2):  # batch 1 is a class of its own
+            scenario = scenario_from_values(task=entry.default_task.value, batch_size=batch, seq_len=8, device="cpu",
+                                            attn="sdpa" if shape.supports_sdpa else "eager")
+            if technique_key(shape, scenario) not in tables:
+                missing.append(f"{name} at batch {batch}")
     assert not missing, missing
 
 

@@ -1,9 +1,9 @@
 """Probe tables by (config, technique class, library versions): in memory, on disk, shipped.
 
 A technique class is what changes the ops of the step: task and labels, precision,
-checkpointing, attention implementation, training loop, and whether the sequence reaches
-a sliding window. Batch, sequence, depth and accumulation are not in it (the table is a
-function of them) and neither is the optimizer (its state and step are exact without a
+checkpointing, attention implementation, training loop, whether the sequence reaches
+a sliding window, and batch 1 (code special-cases it). Batch, sequence, depth and
+accumulation are not in it otherwise (the table is a function of them) and neither is the optimizer (its state and step are exact without a
 probe). Shipped tables live in planner/catalog/probes/, one file per config; computed ones
 in $PLANNER_DATA_DIR/probes or ~/.cache/training-memory-planner/probes. A table is found
 only under the versions of torch, transformers and accelerate it was probed with.
@@ -66,6 +66,7 @@ def technique_key(shape: ModelShape, scenario: Scenario) -> str:
              "checkpointing" if scenario.checkpointing is Checkpointing.EVERY_LAYER else "no-checkpointing",
              scenario.attention.value, scenario.engine.value,
              "window-reached" if window_exceeded(shape, scenario) else "within-window",
+             *(["batch-1"] if scenario.batch_size == 1 else []),  # other keys stay as they were
              *_finetune_parts(scenario), f"probe-format={PROBE_FORMAT}", library_versions()]
     return "|".join(parts)
 

@@ -31,6 +31,14 @@ from planner.scenario import Engine, Scenario
 # candidate dimension formulas (b, s, b*s, s*s, b*s*s, affine in each) agree on all three
 # probes, so each tensor dimension is identified uniquely (planner.probe.solve).
 PROBE_SIZES = ((2, 7), (3, 12), (5, 15))
+# Batch 1 is its own technique class (planner.probe.cache): models special-case it (GPT-2's
+# attention takes another path, with other tensors and lifetimes), so it is probed at batch 1,
+# and its table is a function of s alone.
+BATCH_ONE_PROBE_SIZES = ((1, 7), (1, 12), (1, 15))
+
+
+def probe_sizes(scenario: Scenario) -> tuple[tuple[int, int], ...]:
+    return BATCH_ONE_PROBE_SIZES if scenario.batch_size == 1 else PROBE_SIZES
 SHORT_WINDOW = 4  # a sliding window below every probe length: masks materialise as in a long run
 LONG_WINDOW = 16  # one above every probe length: masks are dropped as in a short run
 
@@ -177,7 +185,7 @@ def _first_step(model, accelerator, fake, batch: dict, gpu=None) -> None:
 def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout, window_exceeded: bool,
                   progress: Callable[[str], None] | None = None, real: bool = False,
                   gpu=None) -> list[Recording]:
-    """The three probes of one technique class, at PROBE_SIZES, on one reduced model: fake,
+    """The three probes of one technique class, at its `probe_sizes`, on one reduced model: fake,
     or (`real`, for code that reads tensor values: a `nonzero()` in a loss) real CPU tensors,
     which MemTracker counts alike (tests/test_simulate.py). `gpu` (fake tensors only): take
     that GPU's CUDA kernels (planner.probe.fake_cuda, e.g. "sm90"); None, the CPU's."""
@@ -197,9 +205,10 @@ def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout,
     accelerator = fresh_accelerator(dataclasses.replace(scenario, grad_accum_steps=1), cpu=True)
     model = accelerator.prepare(model)  # autocast and fp32 outputs, as the loops run the model
     recordings = []
-    for number, (batch, seq) in enumerate(PROBE_SIZES, start=1):
+    sizes = probe_sizes(scenario)
+    for number, (batch, seq) in enumerate(sizes, start=1):
         if progress is not None:
-            progress(f"probe {number} of {len(PROBE_SIZES)}: batch {batch} x {seq} tokens, "
+            progress(f"probe {number} of {len(sizes)}: batch {batch} x {seq} tokens, "
                      f"{len(layout.probed)} of {layout.num_layers} blocks")
         probe_scenario = dataclasses.replace(scenario, batch_size=batch, seq_len=seq, grad_accum_steps=2)
         batches = [synthetic_batch(config_dict, probe_scenario, seed=seed) for seed in range(3)]

@@ -9,6 +9,7 @@ Why this is exact:
   dimension is a constant or a · X + c for one X of b, s, b·s, s², b·s² (heads x sequence,
   a shifted label length s + 1, a flattened b·s). Three probes determine a and c and check
   them (two would fit any affine formula); PROBE_SIZES admit no two formulas at once.
+  Batch 1 is probed on its own (run.BATCH_ONE_PROBE_SIZES), its table a function of s.
   The product, expanded, is the storage's size as a polynomial in b and s.
 - Depth: the blocks are run one after the other, each creating and freeing the same
   tensors as any other block of its layer type, so the step of an L-layer model is the
@@ -27,17 +28,21 @@ from fractions import Fraction
 
 from planner.probe.recorder import Recording
 from planner.probe.run import Layout, ProbeUnsupported
-from planner.probe.table import CATEGORIES, Poly, ProbeTable, Segment
+from planner.probe.table import CATEGORIES, Poly, ProbeTable, ProbeTrace, Segment
 
 _MONOMIALS = ((1, 0), (0, 1), (1, 1), (0, 2), (1, 2))  # b, s, b*s, s^2, b*s^2
 
 
 def _dimension_formula(values: tuple[int, ...], sizes: tuple[tuple[int, int], ...]) -> dict[tuple[int, int], int]:
-    """One dimension across the probes as {monomial: coefficient}: constant, or a · X + c."""
+    """One dimension across the probes as {monomial: coefficient}: constant, or a · X + c.
+    Probes of one batch size (batch 1's class) tell no power of b apart: X is a power of s."""
     if len(set(values)) == 1:
         return {(0, 0): values[0]}
+    one_batch = len({b for b, _ in sizes}) == 1
     found = []
     for i, j in _MONOMIALS:
+        if one_batch and i:
+            continue
         xs = [b**i * s**j for b, s in sizes]
         a = Fraction(values[1] - values[0], xs[1] - xs[0])
         c = values[0] - a * xs[0]
@@ -152,6 +157,55 @@ def _check_aligned(recordings: list[Recording]) -> None:
             raise ProbeUnsupported(recording.unsized[0])
 
 
+def _made(groups: dict, live_at_start) -> tuple[dict, dict]:
+    """storage -> (group, maker block, ordinal) for what the step makes, and storage ->
+    (group, part) of its last removal."""
+    before = {index for index, _ in live_at_start}
+    made: dict[int, tuple[str, int | None, int]] = {}  # storage -> (group, maker block, ordinal)
+    ordinals: dict[tuple[str, int | None], int] = {}
+    freed_in: dict[int, tuple[str, str]] = {}  # storage -> (group, part) of its last removal
+    for group, runs in groups.items():
+        for part, events in runs:
+            for event in events:
+                if event.sign > 0 and event.index not in before and event.index not in made:
+                    ordinal = ordinals.get((group, event.block), 0)
+                    ordinals[(group, event.block)] = ordinal + 1
+                    made[event.index] = (group, event.block, ordinal)
+                elif event.sign < 0:  # the last removal is the free (earlier ones change category)
+                    freed_in[event.index] = (group, part)
+    return made, freed_in
+
+
+def _trace(recording: Recording, polys: list[dict], variants: dict[str, list], made: dict) -> ProbeTrace:
+    """The allocation order for the allocator's replay (planner.probe.table.ProbeTrace): of
+    each storage only its allocation (first +1, unless alive at the start) and its free (last
+    -1, when it does not outlive the recording); a category change (-1 then +1) moves no byte."""
+    before = {index for index, category in recording.live_at_start if category in CATEGORIES}  # as the walk's
+    net = {index: 1 for index in before}
+    category = dict(recording.live_at_start)
+    allocation, free = {}, {}
+    for event in recording.events:
+        net[event.index] = net.get(event.index, 0) + event.sign
+        if event.sign > 0:
+            category[event.index] = event.category
+            if event.index not in before and event.index not in allocation:
+                allocation[event.index] = id(event)
+        else:
+            free[event.index] = id(event)
+    real = set(allocation.values()) | {key for index, key in free.items() if not net[index]}
+    count = len(polys)
+    makers, ordinals = [-1] * count, [-1] * count
+    for index, (_, block, ordinal) in made.items():
+        if block is not None:
+            makers[index], ordinals[index] = block, ordinal
+    return ProbeTrace(
+        polys=tuple(_frozen(p) for p in polys), initial=tuple(sorted(before)),
+        gradients=tuple(sorted(i for i, n in net.items() if n > 0 and category.get(i) == "gradients")),
+        makers=tuple(makers), ordinals=tuple(ordinals),
+        events={name: tuple((event.index, event.sign, weight) for event, weight in entries if id(event) in real)
+                for name, entries in variants.items()})
+
+
 def _segment_events(groups: dict, layout: Layout, live_at_start) -> dict[str, list]:
     """Each segment's events with how often each counts in the real step, keyed by segment
     name ("micro:direction:part"; where a second-period block's first real instance differs,
@@ -172,19 +226,7 @@ def _segment_events(groups: dict, layout: Layout, live_at_start) -> dict[str, li
     second = layout.second_period()
     period = layout.period
     repeats = {block: layout.stands_for.count(block) for block in second}
-    before = {index for index, _ in live_at_start}
-    made: dict[int, tuple[str, int | None, int]] = {}  # storage -> (group, maker block, ordinal)
-    ordinals: dict[tuple[str, int | None], int] = {}
-    freed_in: dict[int, tuple[str, str]] = {}  # storage -> (group, part) of its first removal
-    for group, runs in groups.items():
-        for part, events in runs:
-            for event in events:
-                if event.sign > 0 and event.index not in before and event.index not in made:
-                    ordinal = ordinals.get((group, event.block), 0)
-                    ordinals[(group, event.block)] = ordinal + 1
-                    made[event.index] = (group, event.block, ordinal)
-                elif event.sign < 0:  # the last removal is the free (earlier ones change category)
-                    freed_in[event.index] = (group, part)
+    made, freed_in = _made(groups, live_at_start)
     by_role = {role: index for index, role in made.items()}
 
     def block_of(part: str) -> int | None:
@@ -251,8 +293,10 @@ def solve(recordings: list[Recording], layout: Layout, key: str, on_real_tensors
             raise ProbeUnsupported(f"blocks ran out of order in {group}: {parts}")
         order[group] = tuple(parts)
     segments = {}
-    for name, variant in _segment_events(groups, layout, recordings[0].live_at_start).items():
+    variants = _segment_events(groups, layout, recordings[0].live_at_start)
+    for name, variant in variants.items():
         segments[name] = _segment(variant, polys)
+    trace = _trace(recordings[0], polys, variants, _made(groups, recordings[0].live_at_start)[0])
     return ProbeTable(key=key, num_layers=layout.num_layers, stands_for=layout.stands_for,
                       initial=tuple(_frozen(p) for p in initial), segments=segments, order=order,
-                      on_real_tensors=on_real_tensors)
+                      on_real_tensors=on_real_tensors, trace=trace)

@@ -10,6 +10,11 @@ its high point (live bytes by category at the moments no other moment dominates 
 b, s >= 1). The real step is the probed one with each middle block repeated as often as
 the real model has layers of its type (`stands_for`); planner.probe.solve explains why
 that is exact.
+
+A table probed since the trace was added also keeps the step's allocations and frees in
+order (`ProbeTrace`, optional: older tables load with `trace=None`), which
+planner.probe.trace expands into the real step's allocation sequence for the caching
+allocator's replay (planner.cuda_allocator).
 """
 
 from __future__ import annotations
@@ -29,6 +34,83 @@ def poly_value(poly: Poly, b: int, s: int) -> int:
 class Segment:
     delta: tuple[Poly, Poly, Poly]  # by CATEGORIES
     candidates: tuple[tuple[Poly, Poly, Poly], ...]  # relative to the segment's start
+
+
+@dataclass(frozen=True)
+class ProbeTrace:
+    """The recorded step's allocations and frees in order, per segment (the same names and
+    `:first` variants as ProbeTable.segments). An event is (storage, sign, weight): +1 the
+    storage's allocation (its first appearance), -1 its free (its last removal), `weight`
+    how many real instances it stands for (planner.probe.solve._segment_events); category
+    changes in between are left out, they move no byte."""
+
+    polys: tuple[Poly, ...]  # per storage (creation index): its bytes
+    initial: tuple[int, ...]  # storages alive at the start of the step, in index order
+    gradients: tuple[int, ...]  # storages that are gradients when the step ends (zero_grad frees them)
+    makers: tuple[int, ...]  # per storage: the probed block that made it in the step, -1 if none
+    ordinals: tuple[int, ...]  # per storage: its rank among what its maker made in its micro:direction
+    events: dict[str, tuple[tuple[int, int, int], ...]]  # segment name -> (storage, sign, weight)
+
+    def to_json(self) -> dict:
+        # Compact: distinct polynomials once; an event is one int (i: allocate, ~i: free),
+        # weights other than 1 listed apart as (position, weight); makers and ordinals follow
+        # from where each allocation is (_makers), given the allocations a block's segment
+        # holds that its block did not make ("unmade": between blocks, after the last).
+        distinct: dict[Poly, int] = {}
+        which = [distinct.setdefault(p, len(distinct)) for p in self.polys]
+        unmade = {}
+        for name, events in self.events.items():
+            part = name.split(":")[2]
+            if name.endswith(":first") or part == "outside":
+                continue
+            positions = [k for k, (i, sign, _) in enumerate(events) if sign > 0 and self.makers[i] != int(part)]
+            if positions:
+                unmade[name] = positions
+        data = {"polys": [[list(t) for t in p] for p in distinct], "storage_polys": which,
+                "initial": list(self.initial), "gradients": list(self.gradients),
+                "events": {name: [i if sign > 0 else ~i for i, sign, _ in events]
+                           for name, events in self.events.items()},
+                "weights": {name: [[k, w] for k, (_, _, w) in enumerate(events) if w != 1]
+                            for name, events in self.events.items() if any(w != 1 for _, _, w in events)},
+                "unmade": unmade}
+        if _makers(self.events, len(self.polys), unmade) != (self.makers, self.ordinals):
+            data["makers"], data["ordinals"] = list(self.makers), list(self.ordinals)  # kept as they are
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> ProbeTrace:
+        distinct = [tuple((int(i), int(j), int(c)) for i, j, c in p) for p in data["polys"]]
+        events = {}
+        for name, flat in data["events"].items():
+            weights = {int(k): int(w) for k, w in data.get("weights", {}).get(name, ())}
+            events[name] = tuple((int(e), 1, weights.get(k, 1)) if e >= 0 else (~int(e), -1, weights.get(k, 1))
+                                 for k, e in enumerate(flat))
+        polys = tuple(distinct[int(k)] for k in data["storage_polys"])
+        if "makers" in data:
+            makers, ordinals = tuple(int(i) for i in data["makers"]), tuple(int(i) for i in data["ordinals"])
+        else:
+            makers, ordinals = _makers(events, len(polys), data.get("unmade", {}))
+        return cls(polys=polys, initial=tuple(int(i) for i in data["initial"]),
+                   gradients=tuple(int(i) for i in data["gradients"]), makers=makers, ordinals=ordinals,
+                   events=events)
+
+
+def _makers(events: dict, count: int, unmade: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Makers and ordinals from the allocations' places: what block k made is allocated in
+    segment "m:d:k" (its every-instance variant holds all of it, in recorded order), and an
+    ordinal is the rank there (planner.probe.solve._made)."""
+    makers, ordinals = [-1] * count, [-1] * count
+    for name, entries in events.items():
+        micro, direction, part, *first = name.split(":")
+        if first or part == "outside":
+            continue
+        skip = set(unmade.get(name, ()))
+        rank = 0
+        for k, (index, sign, _) in enumerate(entries):
+            if sign > 0 and k not in skip:
+                makers[index], ordinals[index] = int(part), rank
+                rank += 1
+    return tuple(makers), tuple(ordinals)
 
 
 @dataclass(frozen=True)
@@ -62,6 +144,7 @@ class ProbeTable:
     segments: dict[str, Segment]  # "micro:direction:part" -> Segment
     order: dict[str, tuple[str, ...]]  # "micro:direction" -> parts in the probed order
     on_real_tensors: bool = False  # probed on small real tensors: the model's code reads tensor values
+    trace: ProbeTrace | None = None  # the allocation order (None: a table probed before traces were kept)
 
     def _sequence(self, micro: int, backward: bool) -> list[str]:
         direction = "bw" if backward else "fw"
@@ -107,13 +190,16 @@ class ProbeTable:
 
     # JSON: shipped for the catalog, cached for the rest.
     def to_json(self) -> dict:
-        return {"key": self.key, "num_layers": self.num_layers, "stands_for": list(self.stands_for),
+        data = {"key": self.key, "num_layers": self.num_layers, "stands_for": list(self.stands_for),
                 "initial": [list(map(list, p)) for p in self.initial],
                 "segments": {name: {"delta": [list(map(list, p)) for p in seg.delta],
                                     "candidates": [[list(map(list, p)) for p in c] for c in seg.candidates]}
                              for name, seg in self.segments.items()},
                 "order": {name: list(parts) for name, parts in self.order.items()},
                 "on_real_tensors": self.on_real_tensors}
+        if self.trace is not None:  # a table without one writes exactly what it always wrote
+            data["trace"] = self.trace.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> ProbeTable:
@@ -128,4 +214,5 @@ class ProbeTable:
                    segments={name: Segment(triple(seg["delta"]), tuple(triple(c) for c in seg["candidates"]))
                              for name, seg in data["segments"].items()},
                    order={name: tuple(parts) for name, parts in data["order"].items()},
-                   on_real_tensors=bool(data.get("on_real_tensors", False)))
+                   on_real_tensors=bool(data.get("on_real_tensors", False)),
+                   trace=ProbeTrace.from_json(data["trace"]) if "trace" in data else None)

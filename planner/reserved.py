@@ -1,0 +1,178 @@
+"""The steady-state training run as the caching allocator sees it, and its replay: what
+`torch.cuda.max_memory_reserved` would read (planner.cuda_allocator).
+
+`training_events(shape, scenario, table)` gives `(prefix, step)`:
+- prefix: what is allocated before the steady state and stays, in this order: one
+  allocation per real parameter tensor (`shape.params`, tied weights once, in order; bytes
+  per element for the precision, planner.optimizer_state), the registered buffers (one
+  allocation for the floating ones, one for the rest: ModelShape keeps only their
+  totals), the optimizer's state tensors per parameter tensor (as planner.optimizer_state
+  counts them: their sum is `optimizer_state_bytes`), then what the step finds alive at its
+  start (the lessons' loop: the previous step's last outputs).
+- step: the K micro-batches (planner.probe.trace), the optimizer step's temporaries, then
+  zero_grad(set_to_none=True) freeing every gradient, and what the recorded loop kept alive
+  with its batches (planner.probe.trace), let go as a real loop drops its batch.
+
+Keys: parameters ("param", i), buffers ("buffers", kind), state ("state", i, n) and
+("state", "qmap1"/"qmap2"), the step's tensors planner.probe.trace's (storage, serial), the
+optimizer step's ("optimizer-step",). The outputs the lessons' loop carries from one step
+to the next are keyed ("carry", parity, j): the step's last outputs (of its live
+non-gradient tensors at the end, in allocation order, those matching the carried ones'
+sizes, the latest with the latest; a TraceError where one has no match) are the next
+step's starting ones (the trace's initial storages the step frees, in index order), so
+`replay(step, prefix=prefix, repeats=2)` is a steady state. Where the new outputs are made
+before the old ones die (one micro-batch: the new forward returns before `outputs` is
+rebound) one step cannot hand its keys to itself: `step` is then two steps, the second
+with the carried keys' parities swapped (the same events, so the same peaks).
+
+Known limitations: the optimizer step is one allocation of its probed temporaries' size
+(planner.probe.cache.probed_step_temporaries holds a byte count, not its allocations),
+freed at the end of the step; optimizer state is allocated in the prefix, where a real run
+creates it lazily in its first step (the first step's layout may differ from this one's);
+buffers are two allocations; LoRA is not modelled; the trace is the CPU probe's (its
+kernels' tensors), for one device and one stream.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+
+from planner import optimizer_state as counts
+from planner.cuda_allocator import FREE, ReplayResult, replay
+from planner.model_shape import ModelShape
+from planner.probe.table import ProbeTable
+from planner.probe.trace import TraceError, expand
+from planner.scenario import Device, Optimizer, Scenario
+
+Event = tuple[Hashable, int]
+
+
+def state_tensor_bytes(shape: tuple[int, ...], optimizer: Optimizer, param_bytes: int, device: Device,
+                       fp32_embedding: bool = False) -> list[int]:
+    """Bytes of each state tensor the optimizer keeps on `device` for one parameter tensor,
+    in the order it creates them (planner.optimizer_state says where each comes from)."""
+    numel = math.prod(shape)
+    on_device_step = [counts.FP32_BYTES] if device is Device.CPU else []  # CPU-hosted `step`: where the params live
+    if fp32_embedding:
+        return [numel * counts.FP32_BYTES] * 2
+    if optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
+        return on_device_step + [numel * param_bytes] * 2
+    if optimizer is Optimizer.ADAMW_FUSED:
+        return [counts.FP32_BYTES] + [numel * param_bytes] * 2
+    if optimizer is Optimizer.SGD:
+        return [numel * param_bytes]
+    if optimizer in (Optimizer.ADAFACTOR, Optimizer.HF_ADAFACTOR):
+        element = param_bytes if optimizer is Optimizer.ADAFACTOR else counts.FP32_BYTES
+        if len(shape) >= 2:
+            factored = [math.prod(shape[:-1]) * element, math.prod(shape[:-2]) * shape[-1] * element]
+        else:
+            factored = [numel * element]
+        if optimizer is Optimizer.ADAFACTOR:
+            return on_device_step + factored
+        return factored + [counts.FP32_BYTES]  # the device-side RMS
+    if optimizer in (Optimizer.ADAM8BIT, Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
+        if numel < counts.BNB_MIN_8BIT_SIZE:
+            return [numel * counts.FP32_BYTES] * 2
+        absmax = -(-numel // counts.BNB_BLOCK_SIZE) * counts.FP32_BYTES
+        return [numel, numel, absmax, absmax]
+    raise ValueError(f"no state model for optimizer {optimizer}")
+
+
+def model_prefix(shape: ModelShape, scenario: Scenario) -> list[Event]:
+    """Parameters, buffers and optimizer state, allocated once before the steady state."""
+    element = counts.parameter_bytes_per_element(scenario.precision)
+    events: list[Event] = [(("param", i), p.numel * element) for i, p in enumerate(shape.params)]
+    if shape.float_buffer_elements:
+        events.append((("buffers", "float"), shape.float_buffer_elements * 4))
+    if shape.other_buffer_bytes:
+        events.append((("buffers", "other"), shape.other_buffer_bytes))
+    fp32_embeddings = counts.trainer_keeps_embeddings_in_32_bit(scenario.optimizer, scenario.engine)
+    quantised = False
+    for i, p in enumerate(shape.params):
+        in_32_bit = fp32_embeddings and p.name in shape.embedding_param_names
+        sizes = state_tensor_bytes(p.shape, scenario.optimizer, element, scenario.device, in_32_bit)
+        quantised |= len(sizes) == 4
+        events += [(("state", i, n), nbytes) for n, nbytes in enumerate(sizes)]
+    if quantised:  # bitsandbytes' two quantile maps, shared by every 8-bit tensor
+        events += [(("state", "qmap1"), counts.BNB_QMAP_BYTES), (("state", "qmap2"), counts.BNB_QMAP_BYTES)]
+    return events
+
+
+def _check_keys(prefix: list[Event], step: list[Event], repeats: int = 2) -> None:
+    live: set[Hashable] = set()
+    for events in [prefix] + [step] * repeats:
+        for key, nbytes in events:
+            if nbytes == FREE:
+                if key not in live:
+                    raise TraceError(f"{key!r} is freed while not allocated")
+                live.remove(key)
+            else:
+                if key in live:
+                    raise TraceError(f"{key!r} is allocated while alive")
+                live.add(key)
+
+
+def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
+                    step_temporaries_bytes: int | None = None) -> tuple[list[Event], list[Event]]:
+    """(prefix, step) for `replay(step, prefix=prefix, repeats=2)` (see the module docstring).
+    `step_temporaries_bytes`: the optimizer step's temporaries; None probes them
+    (planner.probe.cache.probed_step_temporaries)."""
+    if scenario.finetune.uses_adapters:
+        raise ValueError("the allocator replay does not model LoRA's frozen base and adapters yet")
+    if step_temporaries_bytes is None:
+        from planner.probe.cache import probed_step_temporaries
+
+        found = probed_step_temporaries(shape, scenario)
+        if isinstance(found, str):
+            raise TraceError(f"the optimizer step could not be probed: {found}")
+        step_temporaries_bytes = found
+    expansion = expand(table, scenario.batch_size, scenario.seq_len, scenario.grad_accum_steps)
+    trace = table.trace
+    sizes = dict(e for e in expansion.events[:expansion.initial_count])
+    initial_keys = [key for key, _ in expansion.events[:expansion.initial_count]]
+    alive = {key for key, _ in expansion.live_at_end}
+    gradients = set(trace.gradients)
+    carried_in = [key for key in initial_keys if key not in alive]  # freed during the step, index order
+    candidates = [key for key, index in expansion.live_at_end if index not in gradients and key not in initial_keys]
+    # The step's last outputs are the candidates of the carried ones' sizes, the latest first;
+    # the rest are kept with their batch by the recorded loop (planner.probe.trace), which a
+    # real loop lets go with the batch: freed at the end of the step.
+    carried_out = []
+    for old in reversed(carried_in):
+        match = next((k for k in range(len(candidates) - 1, -1, -1)
+                      if trace.polys[candidates[k][0]] == trace.polys[old[0]]), None)
+        if match is None:
+            raise TraceError(f"the step starts with {len(carried_in)} tensors carried over but leaves no "
+                             f"non-gradient tensor the size of storage {old[0]}: it is not a steady state")
+        carried_out.insert(0, candidates.pop(match))
+    dropped = candidates
+
+    def one_step(parity_in: int, parity_out: int) -> list[Event]:
+        names = {old: ("carry", parity_in, j) for j, old in enumerate(carried_in)}
+        names.update({new: ("carry", parity_out, j) for j, new in enumerate(carried_out)})
+        events = [(names.get(key, key), nbytes) for key, nbytes in expansion.events[expansion.initial_count:]]
+        events += [(("optimizer-step",), step_temporaries_bytes), (("optimizer-step",), FREE)]
+        # zero_grad(set_to_none=True)
+        events += [(key, FREE) for key, index in expansion.live_at_end if index in gradients]
+        events += [(key, FREE) for key in dropped]
+        return events
+
+    carried_names = {old: ("carry", 0, j) for j, old in enumerate(carried_in)}
+    prefix = model_prefix(shape, scenario) + [(carried_names.get(key, key), sizes[key]) for key in initial_keys]
+    step = one_step(0, 0)
+    try:
+        _check_keys(prefix, step)
+    except TraceError:
+        step = one_step(0, 1) + one_step(1, 0)  # the new outputs are made before the old ones die
+        _check_keys(prefix, step)
+    return prefix, step
+
+
+def reserved_peak(shape: ModelShape, scenario: Scenario, table: ProbeTable, *, expandable_segments: bool = False,
+                  capacity_bytes: int | None = None, step_temporaries_bytes: int | None = None) -> ReplayResult:
+    """The steady-state step replayed through the caching allocator model (its peaks are
+    the second step's, after the first has warmed the cache)."""
+    prefix, step = training_events(shape, scenario, table, step_temporaries_bytes)
+    return replay(step, prefix=prefix, repeats=2, expandable_segments=expandable_segments,
+                  capacity_bytes=capacity_bytes)
