@@ -109,6 +109,12 @@ def adapter_count(source_config: str, task: Task, num_labels: int, finetune: Fin
     except ValueError as error:  # PEFT's words: "Target modules {...} not found in the base model..."
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise PlannerInputError(f"LoRA cannot wrap this model: {first[:200]}") from None
+    except TypeError as error:
+        # PEFT itself refuses (a user's get_peft_model raises the same): for a classifier,
+        # task SEQ_CLS saves the head in full (modules_to_save) while all-linear also targets it.
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise PlannerInputError(f"PEFT refuses this LoRA configuration ({first[:160]}): name the modules to "
+                                "adapt, e.g. --lora-targets with the attention projections") from None
     trainable, total = peft_model.get_nb_trainable_parameters()
     tensors = tuple((name, tuple(p.shape), p.element_size()) for name, p in peft_model.named_parameters()
                     if p.requires_grad)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from planner.adapters import adapter_count, quantized_base
+from planner.adapters import adapter_count, lora_config, quantized_base
 from planner.errors import PlannerInputError
 from planner.finetune import FineTune, Method, finetune_from_values
 from planner.loading import load_model_shape, model_shape_for_config
@@ -153,3 +153,19 @@ def test_quantised_base_is_what_bitsandbytes_stores(name):
                 planned = quantized_base(shape.source_config, Task.CAUSAL_LM, 2, double_quant, quant_type)
                 assert (planned.quantized_bytes, planned.unquantized_elements) == (stored, others), \
                     (quant_type, double_quant)
+
+
+def test_a_configuration_peft_itself_refuses_is_one_line():
+    """DistilBERT's classifier under all-linear: PEFT's SEQ_CLS task saves the head in full
+    (modules_to_save) and all-linear also adapts it; get_peft_model raises TypeError for a
+    user too. The planner says so in one line instead of a traceback."""
+    from peft import get_peft_model
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.for_model(**tiny_config("tiny-distilbert"))
+    with pytest.raises(TypeError):
+        get_peft_model(AutoModelForSequenceClassification.from_config(config), lora_config(FineTune(Method.LORA),
+                                                                                          Task.SEQUENCE_CLASSIFICATION))
+    shape = model_shape_for_config(tiny_config("tiny-distilbert"), Task.SEQUENCE_CLASSIFICATION, 2, "tiny")
+    with pytest.raises(PlannerInputError, match="PEFT refuses this LoRA configuration"):
+        adapter_count(shape.source_config, Task.SEQUENCE_CLASSIFICATION, 2, FineTune(Method.LORA))
