@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs what the tests need and runs them.
+# Installs what the tests need and runs them, on two pytest-xdist workers (the suite is
+# CPU-bound and mostly single-threaded; one test module per worker at a time, so module
+# fixtures are built once). Extra arguments go to pytest (`-n 0` runs in one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh requirements-dev.txt
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadscope "$@"
