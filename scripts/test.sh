@@ -5,4 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh requirements-dev.txt
+# One math thread per worker: two workers on two cores, not four threads fighting for them.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec .venv/bin/python -m pytest -n 2 --dist loadscope "$@"

@@ -8,6 +8,7 @@ from planner.optimizer_step, not from the probe; the forward and backward high p
 the probe's and are checked on their own.
 """
 
+import dataclasses
 import time
 
 import pytest
@@ -160,6 +161,7 @@ def test_one_scenario_costs_well_under_a_millisecond_once_probed():
     scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=16, device="cpu")
     shape = model_shape_for_config(config, scenario.task, scenario.num_labels, "tiny")
     estimate(shape, scenario)  # probes once
+    estimate(shape, dataclasses.replace(scenario, batch_size=1))  # and batch 1, a class of its own
     started = time.perf_counter()
     for batch in range(1, 51):
         estimate(shape, scenario_from_values(task="causal-lm", batch_size=batch, seq_len=512, device="cpu"))

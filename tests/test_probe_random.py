@@ -7,7 +7,6 @@ in four parts so the suite's workers share it.
 import os
 import random
 
-import pytest
 from probe_comparison import assert_close, compare, deep, own_probe_cache  # noqa: F401 (the fixture)
 
 RANDOM_SCENARIOS = int(os.environ.get("PROBE_RANDOM_SCENARIOS", "40"))
@@ -32,8 +31,7 @@ def _random_scenarios(seed: int, count: int) -> list[tuple[str, int, dict]]:
     return drawn
 
 
-@pytest.mark.parametrize("part", range(PARTS))
-def test_random_scenarios_match_simulated_steps(part):
+def _check_part(part: int) -> None:
     """Scenarios part, part + PARTS, ... of one seed's draw: all PARTS parts run all of them."""
     print(f"\nprobe random scenarios: seed {SEED}, part {part + 1} of {PARTS} (rerun with PROBE_SEED={SEED})")
     drawn = list(enumerate(_random_scenarios(SEED, RANDOM_SCENARIOS)))[part::PARTS]
@@ -46,3 +44,25 @@ def test_random_scenarios_match_simulated_steps(part):
         except AssertionError as error:
             failures.append(str(error).splitlines()[0])
     assert not failures, f"seed {SEED}: {len(failures)} of {len(drawn)} off:\n" + "\n".join(failures)
+
+
+# One class per part: pytest-xdist's loadscope schedules classes apart, so the parts run on
+# both workers (scripts/test.sh).
+class TestRandomScenariosPart1:
+    def test_random_scenarios_match_simulated_steps(self):
+        _check_part(0)
+
+
+class TestRandomScenariosPart2:
+    def test_random_scenarios_match_simulated_steps(self):
+        _check_part(1)
+
+
+class TestRandomScenariosPart3:
+    def test_random_scenarios_match_simulated_steps(self):
+        _check_part(2)
+
+
+class TestRandomScenariosPart4:
+    def test_random_scenarios_match_simulated_steps(self):
+        _check_part(3)
