@@ -114,6 +114,10 @@ def execute(request: VerifyRequest, progress: ProgressSink) -> dict:
                on_step=on_step)
         if cuda:
             extras["reserved_bytes"] = torch.cuda.memory_reserved()
+            free, total = torch.cuda.mem_get_info()
+            # The context after the run: lazy loading has brought in the step's kernels and
+            # cuBLAS its handles (planner.cuda_overheads, Known limitations).
+            extras["cuda_context_after_run_bytes"] = total - free - torch.cuda.memory_reserved()
     _emit(progress, "measuring", "collecting the measured step")
     if probe.result is None:
         raise RuntimeError("the measured step never ran: the engine stopped before the last step")
