@@ -50,8 +50,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -205,17 +207,27 @@ def _nvidia_smi_driver() -> str | None:
 
 
 def _run_subprocess(command: list[str], timeout_s: float, env: dict | None = None) -> dict:
+    """Run `command` in its own session; past `timeout_s` its whole process group is killed
+    (allocator_gpu_check.py starts workers that would otherwise keep GPU memory)."""
     started = time.monotonic()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
-                              env=env, start_new_session=True)
-        code, stdout, stderr, reason = done.returncode, done.stdout, done.stderr, None
-    except subprocess.TimeoutExpired as error:
-        code, reason = None, f"no result within {timeout_s:g} s: stopped"
-        stdout = error.stdout.decode() if isinstance(error.stdout, bytes) else (error.stdout or "")
-        stderr = error.stderr.decode() if isinstance(error.stderr, bytes) else (error.stderr or "")
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                env=env, start_new_session=True)
     except OSError as error:
-        code, stdout, stderr, reason = None, "", "", f"could not start: {error}"
+        proc, code, stdout, stderr, reason = None, None, "", "", f"could not start: {error}"
+    if proc is not None:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+            code, reason = proc.returncode, None
+        except subprocess.TimeoutExpired:
+            code, reason = None, f"no result within {timeout_s:g} s: stopped"
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever it started, whatever the outcome
+            except (ProcessLookupError, PermissionError):
+                pass
+        if code is None:
+            stdout, stderr = proc.communicate()
     if reason is None and code != 0:
         reason = f"exit status {code}"
     tail = (stdout + ("\n" if stdout and stderr else "") + stderr)[-4000:]

@@ -157,3 +157,11 @@ def test_the_matrix_covers_every_technique_family_engine_and_allocator_setting()
         VerifyRequest(config=catalog_config(s["model"]), model_name=s["model"], scenario={**s["values"], "device": "cuda"},
                       mode=Mode.CUDA, engine=Engine(s["engine"]), steps=gpu_check.STEPS,
                       cuda_alloc_conf=gpu_check.EXPANDABLE_ON if s["expandable_segments"] else gpu_check.EXPANDABLE_OFF)
+
+
+def test_a_sub_check_past_its_limit_is_stopped_with_what_it_started():
+    sleeper = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+              "print('started', flush=True); time.sleep(60)"
+    done = gpu_check._run_subprocess([sys.executable, "-c", sleeper], timeout_s=2.0)
+    assert done["returncode"] is None and "no result within 2 s" in done["reason"]
+    assert "started" in done["output_tail"] and done["wall_s"] < 10  # the grandchild's pipe did not hold it
