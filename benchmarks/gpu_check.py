@@ -347,16 +347,6 @@ def _workspace_bytes(probe: dict) -> int | None:
     return None if any(p is None for p in parts) else sum(parts)
 
 
-def family_of(model: str) -> str | None:
-    from planner.config_source import resolve_config
-
-    try:
-        config, _ = resolve_config(model, base_dir=ROOT)
-    except Exception:  # the run itself reports a bad config
-        return None
-    return config.get("model_type")
-
-
 def measure_scenario(spec: dict, *, mode: str, gpu: str | None, probe: dict, history, timeout_s: float) -> dict:
     """Run one scenario in a child (runners.verify, recorded in `history`) and build its record."""
     from planner.config_source import resolve_config

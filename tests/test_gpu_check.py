@@ -4,20 +4,22 @@ estimates, sub-checks, JSON and table); the GPU path's logic (what a CUDA result
 becomes, the time guard, the GPU's planner key, the scenario matrix's coverage) runs
 on fake measurements."""
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from planner.catalog import catalog_config
+from runners.history import RunHistory
+from runners.request import Engine, Mode, VerifyRequest
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import gpu_check  # noqa: E402
-
-from planner.catalog import catalog_config  # noqa: E402
-from runners.history import RunHistory  # noqa: E402
-from runners.request import Engine, Mode, VerifyRequest  # noqa: E402
+# Loaded from its file: putting benchmarks/ on sys.path would let its modules shadow others.
+_SPEC = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+gpu_check = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(gpu_check)
 
 RECORD_KEYS = {"id", "model", "family", "technique", "engine", "expandable_segments", "cuda_alloc_conf", "scenario",
                "steps", "status", "reason", "run_id", "mode", "wall_s", "child_alloc_conf", "measured", "planner",
