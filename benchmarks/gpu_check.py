@@ -561,7 +561,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     mode = "cpu" if args.dry_run else "cuda"
-    out_dir = args.out or (Path(tempfile.mkdtemp(prefix="gpu_check_")) if args.dry_run else RESULTS)
     specs = DRY_SCENARIOS if args.dry_run else SCENARIOS
     if args.only:
         wanted = set(args.only.split(","))
@@ -570,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu_check: unknown scenario id(s) {', '.join(sorted(unknown))}: see SCENARIOS", file=sys.stderr)
             return 2
         specs = [s for s in specs if s["id"] in wanted]
+    out_dir = args.out or (Path(tempfile.mkdtemp(prefix="gpu_check_")) if args.dry_run else RESULTS)
 
     print("[probe] the environment", flush=True)
     probe = run_probe()

@@ -34,12 +34,18 @@ ERROR_KEYS = {"allocated_peak_pct", "live_tensor_peak_pct", "reserved_peak_pct",
               "reserved_over_allocated"}
 
 
+# One of the two dry scenarios (the Accelerate loop, expandable segments on): both take
+# about 24 s on 2 cores, over this test's 20 s; `bash benchmarks/gpu_check.sh --dry-run`
+# runs both, the Trainer's too.
+DRY_ONE = gpu_check.DRY_SCENARIOS[0]
+
+
 def test_dry_run_writes_every_field_and_fills_the_history(tmp_path):
-    assert gpu_check.main(["--dry-run", "--out", str(tmp_path)]) == 0
+    assert gpu_check.main(["--dry-run", "--out", str(tmp_path), "--only", DRY_ONE["id"]]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["mode"] == "cpu" and report["environment"]["torch"]
     assert {"environment", "probe", "scenarios", "subchecks", "overheads", "elapsed_s", "gpu"} <= set(report)
-    assert [r["id"] for r in report["scenarios"]] == [s["id"] for s in gpu_check.DRY_SCENARIOS]
+    assert [r["id"] for r in report["scenarios"]] == [DRY_ONE["id"]]
     for record in report["scenarios"]:
         assert record["status"] == "ok", record["reason"]
         assert set(record) == RECORD_KEYS
@@ -49,7 +55,7 @@ def test_dry_run_writes_every_field_and_fills_the_history(tmp_path):
         assert abs(record["errors"]["allocated_peak_pct"]) < 50
         # the child saw the setting its scenario asked for
         assert record["child_alloc_conf"] == record["cuda_alloc_conf"]
-    assert {r["engine"] for r in report["scenarios"]} == {"accelerate", "trainer"}
+    assert report["scenarios"][0]["child_alloc_conf"] == gpu_check.EXPANDABLE_ON
     assert set(report["subchecks"]) == {"allocator_gpu_check", "check_fake_cuda_on_gpu"}
     assert report["subchecks"]["allocator_gpu_check"]["returncode"] == 0
     assert report["subchecks"]["check_fake_cuda_on_gpu"]["returncode"] == 2  # no CUDA here: says so, checks nothing
@@ -57,8 +63,13 @@ def test_dry_run_writes_every_field_and_fills_the_history(tmp_path):
     assert {run.id for run in runs} == {r["run_id"] for r in report["scenarios"]}
     table = (tmp_path / "gpu_check.md").read_text()
     assert table.startswith("# GPU check") and "## Overheads" in table and "## Sub-checks" in table
-    for spec in gpu_check.DRY_SCENARIOS:
-        assert f"| {spec['id']} (" in table
+    assert f"| {DRY_ONE['id']} (" in table
+
+
+def test_the_dry_run_covers_both_engines_and_both_settings():
+    assert {s["engine"] for s in gpu_check.DRY_SCENARIOS} == {"accelerate", "trainer"}
+    assert {s["expandable_segments"] for s in gpu_check.DRY_SCENARIOS} == {True, False}
+    assert gpu_check.main(["--dry-run", "--only", "no-such-scenario"]) == 2
 
 
 def cuda_result(peak: int, reserved: int, conf: str) -> dict:
