@@ -149,6 +149,12 @@ import json, platform, sys
 import torch
 out = {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
        "cuda_available": torch.cuda.is_available(), "cuda_version": torch.version.cuda}
+from importlib import metadata
+for package in ("transformers", "accelerate", "bitsandbytes"):  # installed versions, without importing them
+    try:
+        out[package] = metadata.version(package)
+    except metadata.PackageNotFoundError:
+        out[package] = None
 def r512(n):
     return max(512, -(-n // 512) * 512)
 def storage(t):
@@ -365,6 +371,19 @@ def measure_scenario(spec: dict, *, mode: str, gpu: str | None, probe: dict, his
     return scenario_record(spec, result, planner_record(spec, device, gpu), probe, config.get("model_type"))
 
 
+BITSANDBYTES_OPTIMIZERS = ("adam8bit", "adamw8bit", "paged-adamw8bit")
+
+
+def missing_package(spec: dict, probe: dict) -> str | None:
+    """Why the scenario cannot run in this environment (a package it needs is absent), or None:
+    said at once, rather than after a child has started and failed."""
+    if spec["values"].get("optimizer") in BITSANDBYTES_OPTIMIZERS and probe.get("bitsandbytes") is None \
+            and "bitsandbytes" in probe:
+        return ("not run: bitsandbytes is not installed here (the 8-bit optimizers need it): install "
+                "bitsandbytes (requirements.txt), or carry its wheel, and run this scenario again with --only")
+    return None
+
+
 def skipped_record(spec: dict, reason: str) -> dict:
     return {"id": spec["id"], "model": spec["model"], "family": None, "technique": spec["technique"],
             "engine": spec["engine"], "expandable_segments": spec["expandable_segments"],
@@ -543,7 +562,7 @@ def write_results(report: dict, out_dir: Path) -> None:
 
 def environment_record(probe: dict) -> dict:
     keys = ("gpu_name", "compute_capability", "total_bytes", "driver_version", "torch", "cuda_version",
-            "cudnn_version", "python", "platform")
+            "cudnn_version", "transformers", "accelerate", "bitsandbytes", "python", "platform")
     env = {key: probe.get(key) for key in keys}
     env["device"] = probe.get("gpu_name") or platform.processor() or platform.machine()
     return env
@@ -596,6 +615,9 @@ def main(argv: list[str] | None = None) -> int:
         write_results(report, out_dir)
 
     def measure(spec: dict, timeout_s: float) -> dict:
+        missing = missing_package(spec, probe)
+        if missing is not None:
+            return skipped_record(spec, missing)
         return measure_scenario(spec, mode=mode, gpu=gpu, probe=probe, history=history, timeout_s=timeout_s)
 
     records = run_scenarios(specs, measure, started=started, on_record=save)
@@ -603,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     save(records)
     print((out_dir / "gpu_check.md").read_text())
     print(f"gpu_check: wrote {out_dir / 'gpu_check.json'} and gpu_check.md; runs in {report['history_path']}")
-    return 0 if all(r["status"] == "ok" for r in records) else 1
+    return 0 if all(r["status"] == "ok" for r in records) else 1  # "skipped" too: not all measured
 
 
 if __name__ == "__main__":

@@ -178,3 +178,10 @@ def test_a_sub_check_past_its_limit_is_stopped_with_what_it_started():
     done = gpu_check._run_subprocess([sys.executable, "-c", sleeper], timeout_s=2.0)
     assert done["returncode"] is None and "no result within 2 s" in done["reason"]
     assert "started" in done["output_tail"] and done["wall_s"] < 10  # the grandchild's pipe did not hold it
+
+
+def test_an_8bit_scenario_without_bitsandbytes_is_skipped_at_once():
+    eight_bit = next(s for s in gpu_check.SCENARIOS if s["values"]["optimizer"] == "paged-adamw8bit")
+    assert "bitsandbytes is not installed" in gpu_check.missing_package(eight_bit, {"bitsandbytes": None})
+    assert gpu_check.missing_package(eight_bit, {"bitsandbytes": "0.50.0"}) is None
+    assert gpu_check.missing_package(gpu_check.SCENARIOS[0], {"bitsandbytes": None}) is None
