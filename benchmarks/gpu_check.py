@@ -4,6 +4,12 @@ results (issue 16, item 5).
 
     bash benchmarks/gpu_check.sh              # the GPU run: about 4-5 minutes on an H100
     bash benchmarks/gpu_check.sh --dry-run    # the same code path on CPU, 2 tiny scenarios, temp dir
+    bash benchmarks/gpu_check.sh --export "$OUT"  # on a lent machine: results + run history into $OUT
+
+On a lent machine (its image has python3 with torch but no bitsandbytes: the three 8-bit
+scenarios are then "skipped" at once, saying so, unless a bitsandbytes wheel is carried),
+copy the exported runs.sqlite3 into ./data (or point $PLANNER_DATA_DIR at it) here for
+the Verify page to show the runs, and commit benchmarks/results/.
 
 What it runs, in order (the GPU run):
 1. The environment probe, in its own process (so this one never holds a CUDA context
@@ -560,6 +566,31 @@ def write_results(report: dict, out_dir: Path) -> None:
     (out_dir / "gpu_check.md").write_text(render_markdown(report))
 
 
+EXPORTED = ("gpu_check.json", "gpu_check.md", "allocator_gpu_check.json", "allocator_gpu_check.md")
+
+
+def export(out_dir: Path, history_path: Path, dest: Path) -> list[str]:
+    """Copy the results and a consistent copy of the run history (sqlite3's backup: the
+    WAL's commits included) into `dest`: what a lent machine hands back before it goes.
+    Returns the names written."""
+    import shutil
+    import sqlite3
+
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in EXPORTED:
+        if (out_dir / name).exists() and (out_dir / name).resolve() != (dest / name).resolve():
+            shutil.copyfile(out_dir / name, dest / name)
+            written.append(name)
+    source, target = sqlite3.connect(history_path), sqlite3.connect(dest / "runs.sqlite3")
+    try:
+        source.backup(target)
+    finally:
+        source.close()
+        target.close()
+    return written + ["runs.sqlite3"]
+
+
 def environment_record(probe: dict) -> dict:
     keys = ("gpu_name", "compute_capability", "total_bytes", "driver_version", "torch", "cuda_version",
             "cudnn_version", "transformers", "accelerate", "bitsandbytes", "python", "platform")
@@ -577,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, help="the run history's folder (default $PLANNER_DATA_DIR or "
                                                       "./data; with --dry-run <out>/data)")
     parser.add_argument("--only", help="comma-separated scenario ids to run (default all)")
+    parser.add_argument("--export", type=Path, help="also copy the results and the run history (runs.sqlite3) "
+                                                    "here at the end, e.g. a lent machine's $OUT")
     args = parser.parse_args(argv)
     started = time.monotonic()
     mode = "cpu" if args.dry_run else "cuda"
@@ -625,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     save(records)
     print((out_dir / "gpu_check.md").read_text())
     print(f"gpu_check: wrote {out_dir / 'gpu_check.json'} and gpu_check.md; runs in {report['history_path']}")
+    if args.export is not None:
+        print(f"gpu_check: exported {', '.join(export(out_dir, history.path, args.export))} to {args.export}")
     return 0 if all(r["status"] == "ok" for r in records) else 1  # "skipped" too: not all measured
 
 

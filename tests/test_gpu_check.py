@@ -41,7 +41,8 @@ DRY_ONE = gpu_check.DRY_SCENARIOS[0]
 
 
 def test_dry_run_writes_every_field_and_fills_the_history(tmp_path):
-    assert gpu_check.main(["--dry-run", "--out", str(tmp_path), "--only", DRY_ONE["id"]]) == 0
+    exported = tmp_path / "exported"
+    assert gpu_check.main(["--dry-run", "--out", str(tmp_path), "--only", DRY_ONE["id"], "--export", str(exported)]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["mode"] == "cpu" and report["environment"]["torch"]
     assert {"environment", "probe", "scenarios", "subchecks", "overheads", "elapsed_s", "gpu"} <= set(report)
@@ -61,6 +62,9 @@ def test_dry_run_writes_every_field_and_fills_the_history(tmp_path):
     assert report["subchecks"]["check_fake_cuda_on_gpu"]["returncode"] == 2  # no CUDA here: says so, checks nothing
     runs = RunHistory(tmp_path / "data" / "runs.sqlite3").list_runs()
     assert {run.id for run in runs} == {r["run_id"] for r in report["scenarios"]}
+    # what a lent machine hands back: the results and a copy of the history holding the runs
+    assert {p.name for p in exported.iterdir()} == {"gpu_check.json", "gpu_check.md", "runs.sqlite3"}
+    assert [run.id for run in RunHistory(exported / "runs.sqlite3").list_runs()] == [report["scenarios"][0]["run_id"]]
     table = (tmp_path / "gpu_check.md").read_text()
     assert table.startswith("# GPU check") and "## Overheads" in table and "## Sub-checks" in table
     assert f"| {DRY_ONE['id']} (" in table
