@@ -104,14 +104,19 @@ def test_a_cuda_result_becomes_a_record_with_its_estimate_and_errors():
     assert record["errors"]["allocated_peak_pct"] == pytest.approx(1.0, abs=0.01)
     assert record["errors"]["reserved_over_allocated"] == pytest.approx(1.1, abs=1e-4)
     assert record["errors"]["reserved_peak_pct"] is None  # the planner does not replay the allocator yet
-    summary = gpu_check.overheads_summary([record], PROBE)
+    skipped = gpu_check.skipped_record(gpu_check.SCENARIOS[6], "not started: over the time budget")
+    failed = gpu_check.scenario_record(gpu_check.SCENARIOS[7], {"status": "failed", "reason": "RuntimeError: x"},
+                                       {"error": "PlannerInputError: no"}, PROBE, "gpt2")
+    summary = gpu_check.overheads_summary([record, skipped, failed], PROBE)
     assert summary["cublas_workspace"]["documented_bytes"] == 64 * 2**20  # 2 x 32 MiB on Hopper
     assert summary["cuda_context"]["after_run_measured_max_bytes"] == 530 * 2**20
     report = {"mode": "cuda", "gpu": "h100", "command": "bash benchmarks/gpu_check.sh", "elapsed_s": 1.0,
-              "environment": gpu_check.environment_record(PROBE), "probe": PROBE, "scenarios": [record],
+              "environment": gpu_check.environment_record(PROBE), "probe": PROBE, "scenarios": [record, skipped, failed],
               "subchecks": {}, "overheads": summary}
     table = gpu_check.render_markdown(report)
     assert "+1.00%" in table and "1.1000" in table and "64.0 MiB" in table
+    assert "over the time budget" in table and "RuntimeError: x" in table and "PlannerInputError: no" in table
+    json.dumps(report, allow_nan=False)  # what write_results stores
 
 
 def test_the_time_guard_stops_starting_scenarios_and_bounds_each():
