@@ -16,8 +16,9 @@ What it runs, in order (the GPU run):
    while a run measures its own): GPU name, compute capability, driver, torch, CUDA and
    cuDNN versions, the bare CUDA context (`mem_get_info` total - free - reserved before
    any tensor), and the cuBLAS/cuBLASLt workspaces: `memory_allocated()` after the
-   first matmul on the main thread, and after the first backward (autograd's device
-   thread), less the tensors those calls made (512-byte rounded).
+   first matmul on the main thread, after a bf16 linear with a bias (cuBLASLt's path),
+   and after the first backward (autograd's device thread), less the tensors those
+   calls made (512-byte rounded).
 2. SCENARIOS, each in a child process (runners.verify, mode cuda, 3 steps, the last one
    measured) and recorded in the dashboard's run history (runners.history.RunHistory:
    $PLANNER_DATA_DIR or ./data, so the Verify page shows them). Each scenario also gets
@@ -178,6 +179,13 @@ if out["cuda_available"]:
     c = a @ b
     torch.cuda.synchronize()
     out["workspace_main_thread_bytes"] = torch.cuda.memory_allocated() - before - storage(c)
+    # A bf16 linear with a bias takes cuBLASLt's path (the bias epilogue): its workspace, if separate.
+    a16, b16, bias = a.bfloat16(), b.bfloat16(), torch.zeros(512, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    d = torch.nn.functional.linear(a16, b16, bias)
+    torch.cuda.synchronize()
+    out["workspace_lt_main_thread_bytes"] = torch.cuda.memory_allocated() - before - storage(d)
     x = torch.randn(64, 512, device="cuda", requires_grad=True)
     w = torch.randn(512, 512, device="cuda", requires_grad=True)
     torch.cuda.synchronize()
@@ -355,8 +363,12 @@ def scenario_record(spec: dict, result: dict, planned: dict, probe: dict, family
 
 
 def _workspace_bytes(probe: dict) -> int | None:
+    """The cuBLAS and cuBLASLt workspaces the probe saw allocated (main thread, cuBLASLt's
+    if separate, autograd's device thread); None where not measured."""
     parts = [probe.get("workspace_main_thread_bytes"), probe.get("workspace_autograd_thread_bytes")]
-    return None if any(p is None for p in parts) else sum(parts)
+    if any(p is None for p in parts):
+        return None
+    return sum(parts) + (probe.get("workspace_lt_main_thread_bytes") or 0)
 
 
 def measure_scenario(spec: dict, *, mode: str, gpu: str | None, probe: dict, history, timeout_s: float) -> dict:
@@ -481,6 +493,7 @@ def overheads_summary(records: list[dict], probe: dict) -> dict:
                              "source": "planner/cuda_overheads.py (TORCH_CUBLAS_SOURCE)",
                              "measured_bytes": _workspace_bytes(probe),
                              "main_thread_measured_bytes": probe.get("workspace_main_thread_bytes"),
+                             "lt_main_thread_measured_bytes": probe.get("workspace_lt_main_thread_bytes"),
                              "autograd_thread_measured_bytes": probe.get("workspace_autograd_thread_bytes")},
         "reserved_over_allocated": {"reported_range": list(RESERVED_REPORTED),
                                     "source": "DESIGN.md, Known facts (users' reports)",
@@ -543,8 +556,8 @@ def render_markdown(report: dict) -> str:
                f"runs: start max {_mib(ctx['at_run_start_measured_max_bytes'])}, after max "
                f"{_mib(ctx['after_run_measured_max_bytes'])} |"),
               (f"| cuBLAS/cuBLASLt workspaces (main + autograd thread) | {_mib(ws['documented_bytes'])} "
-               f"| {_mib(ws['measured_bytes'])} ({_mib(ws['main_thread_measured_bytes'])} + "
-               f"{_mib(ws['autograd_thread_measured_bytes'])}) |"),
+               f"| {_mib(ws['measured_bytes'])} (main {_mib(ws['main_thread_measured_bytes'])}, cuBLASLt "
+               f"{_mib(ws['lt_main_thread_measured_bytes'])}, autograd {_mib(ws['autograd_thread_measured_bytes'])}) |"),
               (f"| reserved / allocated | users report {1 + ra['reported_range'][0]:.2f}-{1 + ra['reported_range'][1]:.2f} "
                f"| {fmt_range(ra['measured_min'], ra['measured_max'])} |")]
     if probe.get("error"):

@@ -194,3 +194,23 @@ def test_an_8bit_scenario_without_bitsandbytes_is_skipped_at_once():
     assert "bitsandbytes is not installed" in gpu_check.missing_package(eight_bit, {"bitsandbytes": None})
     assert gpu_check.missing_package(eight_bit, {"bitsandbytes": "0.50.0"}) is None
     assert gpu_check.missing_package(gpu_check.SCENARIOS[0], {"bitsandbytes": None}) is None
+
+
+def test_the_probes_cuda_branch_runs_on_a_stand_in(monkeypatch, capsys):
+    """The probe's GPU branch, every call in it, on CPU tensors behind a faked torch.cuda."""
+    import torch
+
+    allocated = [0]
+    for name, value in {"is_available": lambda: True, "init": lambda: None, "synchronize": lambda: None,
+                        "mem_get_info": lambda: (60 * 2**30, 80 * 2**30), "get_device_name": lambda: "Stand-in H100",
+                        "get_device_capability": lambda: (9, 0), "memory_reserved": lambda: 2**30,
+                        "memory_allocated": lambda: allocated[0]}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91000)
+    exec(gpu_check.PROBE_CODE.replace('device="cuda"', 'device="cpu"'), {})
+    probe = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert probe["gpu_name"] == "Stand-in H100" and probe["compute_capability"] == [9, 0]
+    assert probe["context_bytes"] == 19 * 2**30 and probe["context_after_matmuls_bytes"] == 19 * 2**30
+    assert {"workspace_main_thread_bytes", "workspace_lt_main_thread_bytes",
+            "workspace_autograd_thread_bytes"} <= set(probe)
+    assert {"transformers", "accelerate", "bitsandbytes", "cuda_version", "cudnn_version"} <= set(probe)
