@@ -39,3 +39,17 @@ def test_the_setting_crosses_the_process_boundary_and_is_checked():
     for bad in ("a\nb", "x" * 201, 3):
         with pytest.raises(PlannerInputError, match="cuda_alloc_conf"):
             request(cuda_alloc_conf=bad)
+
+
+def test_a_runs_environment_names_its_alloc_conf_and_on_cuda_the_gpu(monkeypatch):
+    import torch
+
+    from runners.measure import environment
+
+    monkeypatch.setenv(CUDA_ALLOC_CONF_ENV, EXPANDABLE)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Stand-in H100")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    cuda = environment(Mode.CUDA)
+    assert cuda["cuda_alloc_conf"] == EXPANDABLE and cuda["device"] == "Stand-in H100"
+    assert cuda["compute_capability"] == [9, 0] and "cuda_version" in cuda
+    assert environment(Mode.CPU)["cuda_alloc_conf"] == EXPANDABLE
