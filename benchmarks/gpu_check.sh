@@ -13,4 +13,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin=python3
 [ -x .venv/bin/python ] && python_bin=.venv/bin/python
+# Wheels carried to a machine that cannot install from the network (e.g. bitsandbytes on a
+# lent GPU machine, whose image lacks it): put in .whl/, installed for this run only.
+if compgen -G ".whl/*.whl" >/dev/null; then
+    site="${TMPDIR:-/tmp}/gpu_check_site"
+    "$python_bin" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" .whl/*.whl
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 exec "$python_bin" benchmarks/gpu_check.py "$@"
