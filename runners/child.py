@@ -89,7 +89,8 @@ def requested_bytes(message: str) -> int | None:
 
 def environment() -> dict:
     env = {"python": platform.python_version(), "platform": platform.platform(), "pid": os.getpid(),
-           "memory_limit_bytes": MEMORY_LIMIT_BYTES, "max_rss_bytes": _max_rss_bytes()}
+           "memory_limit_bytes": MEMORY_LIMIT_BYTES, "max_rss_bytes": _max_rss_bytes(),
+           "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
     torch = sys.modules.get("torch")
     if torch is not None:
         env["torch"] = torch.__version__

@@ -20,7 +20,9 @@ reaped before the exception propagates.
 The child dies with this process even when this one is SIGKILLed and cannot clean up
 (runners.parent_death: it is told this pid and asks the kernel for SIGKILL when its parent
 goes), runs under `memory_limit_bytes` (runners.memory_limit), and gets a private
-TMPDIR (runners.scratch) removed after the run: a run leaves no temporary files.
+TMPDIR (runners.scratch) removed after the run: a run leaves no temporary files. A
+request's `cuda_alloc_conf` becomes the child's PYTORCH_CUDA_ALLOC_CONF (expandable
+segments on or off), set before the child starts, so before CUDA initialises there.
 
 Known limitations: a process that moves itself into another session escapes the group
 kill. The group is signalled while its leader is not yet reaped, so its id cannot have
@@ -43,7 +45,7 @@ from typing import Callable
 
 from runners.memory_limit import env_with_limit
 from runners.parent_death import PARENT_PID_ENV
-from runners.request import VerifyRequest
+from runners.request import CUDA_ALLOC_CONF_ENV, VerifyRequest
 from runners.scratch import env_with_tmpdir, scratch_dir
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -67,8 +69,10 @@ def _child_command() -> list[str]:
     return [sys.executable, "-m", "runners.child"]
 
 
-def _child_env(scratch: Path, memory_limit_bytes: int | None) -> dict:
+def _child_env(scratch: Path, memory_limit_bytes: int | None, cuda_alloc_conf: str | None = None) -> dict:
     env = dict(os.environ)
+    if cuda_alloc_conf is not None:  # read by torch once, at CUDA's initialisation in the child
+        env[CUDA_ALLOC_CONF_ENV] = cuda_alloc_conf
     paths = [str(PROJECT_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env[PARENT_PID_ENV] = str(os.getpid())
@@ -171,7 +175,8 @@ def run_in_child(request: VerifyRequest, timeout_s: float,
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
     with scratch_dir("run") as scratch:
-        return _run(request, timeout_s, on_progress, on_start, cancel, _child_env(scratch, memory_limit_bytes))
+        env = _child_env(scratch, memory_limit_bytes, request.cuda_alloc_conf)
+        return _run(request, timeout_s, on_progress, on_start, cancel, env)
 
 
 def _run(request: VerifyRequest, timeout_s: float, on_progress, on_start, cancel, env: dict) -> dict:

@@ -7,6 +7,7 @@ for the child to report as status "oom".
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from runners.engines import run_accelerate_loop, run_trainer, trainer_builds_opt
 from runners.model_factory import build_model, synthetic_batch
 from runners.optimizers import build_optimizer
 from runners.probes import CudaProbe, MemTrackerProbe
-from runners.request import Engine, Mode, VerifyRequest
+from runners.request import CUDA_ALLOC_CONF_ENV, Engine, Mode, VerifyRequest
 
 ProgressSink = Callable[[dict], None]
 
@@ -34,9 +35,12 @@ def environment(mode: Mode) -> dict:
     except Exception:  # bitsandbytes is optional for runs that do not use 8-bit optimizers
         bnb_version = None
     device = torch.cuda.get_device_name() if mode is Mode.CUDA else platform.processor() or platform.machine()
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "accelerate": accelerate.__version__,
-            "bitsandbytes": bnb_version, "python": platform.python_version(), "platform": platform.platform(),
-            "device": device, "mode": mode.value}
+    env = {"torch": torch.__version__, "transformers": transformers.__version__, "accelerate": accelerate.__version__,
+           "bitsandbytes": bnb_version, "python": platform.python_version(), "platform": platform.platform(),
+           "device": device, "mode": mode.value, "cuda_alloc_conf": os.environ.get(CUDA_ALLOC_CONF_ENV)}
+    if mode is Mode.CUDA:
+        env.update(cuda_version=torch.version.cuda, compute_capability=list(torch.cuda.get_device_capability()))
+    return env
 
 
 def _emit(progress: ProgressSink, stage: str, message: str, step: int | None = None, steps: int | None = None) -> None:
@@ -110,6 +114,10 @@ def execute(request: VerifyRequest, progress: ProgressSink) -> dict:
                on_step=on_step)
         if cuda:
             extras["reserved_bytes"] = torch.cuda.memory_reserved()
+            free, total = torch.cuda.mem_get_info()
+            # The context after the run: lazy loading has brought in the step's kernels and
+            # cuBLAS its handles (planner.cuda_overheads, Known limitations).
+            extras["cuda_context_after_run_bytes"] = total - free - torch.cuda.memory_reserved()
     _emit(progress, "measuring", "collecting the measured step")
     if probe.result is None:
         raise RuntimeError("the measured step never ran: the engine stopped before the last step")

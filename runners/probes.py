@@ -12,6 +12,8 @@ which the running peak last rose (../shared/DESIGN.md, "What measured means").
   it is the `cpu` mode, under FakeTensorMode the `simulate` mode.
 - CudaProbe: `torch.cuda.max_memory_allocated()` after `reset_peak_memory_stats()`;
   categories that the allocator cannot attribute are left out (None), never guessed.
+  `reserved_peak_bytes` is `max_memory_reserved()` over the same step (the highest of
+  its phases': each phase boundary resets both peaks).
 """
 
 from __future__ import annotations
@@ -145,6 +147,7 @@ class CudaProbe:
         self._optimizer = None
         self._started = 0.0
         self._gradient_bytes = 0
+        self._reserved_peak = 0
         self.result: StepMeasurement | None = None
 
     def track(self, model: torch.nn.Module, optimizer) -> None:
@@ -152,6 +155,7 @@ class CudaProbe:
 
     def begin(self) -> None:
         self._phase_peaks.clear()
+        self._reserved_peak = 0
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         self._started = time.perf_counter()
@@ -168,6 +172,8 @@ class CudaProbe:
         if peak > max(self._phase_peaks.values(), default=-1):
             self._peak_phase = phase
         self._phase_peaks[phase] = max(self._phase_peaks.get(phase, 0), peak)
+        # The reset below restarts the reserved peak too: keep the step's highest.
+        self._reserved_peak = max(self._reserved_peak, torch.cuda.max_memory_reserved())
         torch.cuda.reset_peak_memory_stats()
 
     def end(self) -> StepMeasurement:
@@ -181,6 +187,6 @@ class CudaProbe:
         breakdown = {"weights": weights, "gradients": None, "optimizer_state": state,
                      "activations": None, "temporaries": None}
         extras = {"gradients_after_backward_bytes": self._gradient_bytes,
-                  "reserved_peak_bytes": torch.cuda.max_memory_reserved()}
+                  "reserved_peak_bytes": max(self._reserved_peak, torch.cuda.max_memory_reserved())}
         self.result = StepMeasurement(peak, self._peak_phase, breakdown, wall, dict(self._phase_peaks), extras)
         return self.result

@@ -30,6 +30,10 @@ SIMULATE_NEEDS_ACCELERATE = ("simulate mode runs the Accelerate loop only (the T
 # Faults a test can ask the child to stage, so every failure path runs for real.
 MAX_SEED = 2**32 - 1  # numpy's seed range, the narrowest of the generators a run seeds
 INJECTABLE_FAULTS = ("hang", "sigkill-self", "import-error", "raise", "cuda-oom", "hog-memory")
+# The child's PYTORCH_CUDA_ALLOC_CONF (e.g. "expandable_segments:True"): torch reads it once,
+# when CUDA initialises, so it is set in the child's environment before torch is imported.
+CUDA_ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+MAX_ALLOC_CONF_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ class VerifyRequest:
     seed: int = 0
     inject_fault: str | None = None  # tests only: one of INJECTABLE_FAULTS
     extra: dict = field(default_factory=dict)
+    # The child's PYTORCH_CUDA_ALLOC_CONF; None: the parent's environment is inherited as it is.
+    cuda_alloc_conf: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or isinstance(self.steps, bool) or not 2 <= self.steps <= 1000:
@@ -54,6 +60,11 @@ class VerifyRequest:
             raise PlannerInputError(f"local SGD steps must be a positive integer, got {self.local_sgd_steps!r}")
         if self.inject_fault is not None and self.inject_fault not in INJECTABLE_FAULTS:
             raise PlannerInputError(f"unknown fault {self.inject_fault!r}: one of {', '.join(INJECTABLE_FAULTS)}")
+        if self.cuda_alloc_conf is not None and (
+                not isinstance(self.cuda_alloc_conf, str) or len(self.cuda_alloc_conf) > MAX_ALLOC_CONF_CHARS
+                or not self.cuda_alloc_conf.isprintable()):
+            raise PlannerInputError(f"cuda_alloc_conf must be one line of at most {MAX_ALLOC_CONF_CHARS} characters "
+                                    f"(e.g. 'expandable_segments:True'), got {str(self.cuda_alloc_conf)[:40]!r}")
         if self.mode is Mode.SIMULATE and self.engine is Engine.TRAINER:
             raise PlannerInputError(SIMULATE_NEEDS_ACCELERATE)
         self.parsed_scenario()  # validates the scenario values now, in the caller's process

@@ -191,7 +191,7 @@ def _scenario_record(plan: RunPlan, requested: VerifyRequest) -> dict:
     run = plan.request
     return {**run.scenario, "engine": run.engine.value, "steps": run.steps, "local_sgd_steps": run.local_sgd_steps,
             "seed": run.seed, "requested_mode": requested.mode.value, "inject_fault": run.inject_fault,
-            "model_config": run.config}
+            "cuda_alloc_conf": run.cuda_alloc_conf, "model_config": run.config}
 
 
 def _measurement_record(outcome: dict) -> dict | None:
