@@ -62,19 +62,7 @@ def verdict_for(result: Estimate | ParallelEstimate, capacity_bytes: int, gpu: G
 
 def verdict_table(verdict: DeviceVerdict) -> pd.DataFrame:
     """Allocated, reserved and overheads side by side, then the usable capacity and the margin."""
-    rows = [("Live tensors at the peak", verdict.peak_bytes, "the step's peak (breakdown below)")]
-    if verdict.overheads is not None:
-        rows += [(item.name, item.bytes, f"inside reserved memory; {item.kind.value}: {item.source}")
-                 for item in verdict.overheads.allocator_items]
-        rows.append(("Allocated peak", verdict.allocated_peak_bytes, "live tensors + torch's allocator blocks"))
-        rows.append(("Reserved peak", verdict.reserved_peak_bytes, verdict.caveat or "the caching allocator replayed"))
-        rows += [(item.name, item.bytes, f"outside the allocator; {item.kind.value}: {item.source}")
-                 for item in verdict.overheads.items]
-    rows += [("Capacity (driver's total)", verdict.capacity_bytes, "nvidia-smi memory.total"),
-             ("Usable capacity", verdict.usable_capacity_bytes, "capacity less what lives outside the allocator"),
-             ("Margin", verdict.margin_bytes, "usable capacity less " + (
-                 "the peak" if verdict.overheads is None else
-                 "the reserved peak" if verdict.reserved_peak_bytes is not None else "the allocated peak"))]
+    rows = verdict.rows()
     return pd.DataFrame({
         "item": [r[0] for r in rows],
         "bytes": pd.Series([r[1] for r in rows], dtype="Int64"),

@@ -321,13 +321,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
 
 def format_verdict(verdict: DeviceVerdict) -> str:
     """The verdict with what it adds on CUDA (allocator blocks, overheads), binary units labelled."""
-    rows = [("live tensors at the peak", verdict.peak_bytes)]
-    if verdict.overheads is not None:
-        rows += [(item.name, item.bytes) for item in verdict.overheads.allocator_items]
-        rows.append(("ALLOCATED PEAK", verdict.allocated_peak_bytes))
-        rows += [(item.name, item.bytes) for item in verdict.overheads.items]
-    rows += [("capacity (driver's total)", verdict.capacity_bytes), ("USABLE CAPACITY", verdict.usable_capacity_bytes),
-             ("MARGIN", verdict.margin_bytes)]
+    rows = [(name, value) for name, value, _ in verdict.rows() if value is not None]
     width = max(len(name) for name, _ in rows) + 2
     lines = [f"{name:<{width}}{value:>18,}  {format_bytes(value):>14}" for name, value in rows]
     lines += ["", verdict.headline]

@@ -98,6 +98,24 @@ class DeviceVerdict:
         return (f"Does not fit: {what} of {format_bytes(self.required_bytes)} exceeds {room} "
                 f"by {-self.margin_gib:,.2f} GiB.")
 
+    def rows(self) -> list[tuple[str, int | None, str]]:
+        """(item, bytes or None when not replayed, where it comes from), in the order the
+        verdict adds them up: what the Plan page, the report and the CLI list."""
+        rows = [("Live tensors at the peak", self.peak_bytes, "the step's peak")]
+        if self.overheads is not None:
+            rows += [(item.name, item.bytes, f"inside reserved memory; {item.kind.value}: {item.source}")
+                     for item in self.overheads.allocator_items]
+            rows.append(("Allocated peak", self.allocated_peak_bytes, "live tensors + torch's allocator blocks"))
+            rows.append(("Reserved peak", self.reserved_peak_bytes, self.caveat or "the caching allocator replayed"))
+            rows += [(item.name, item.bytes, f"outside the allocator; {item.kind.value}: {item.source}")
+                     for item in self.overheads.items]
+        rows += [("Capacity (driver's total)", self.capacity_bytes, "nvidia-smi memory.total"),
+                 ("Usable capacity", self.usable_capacity_bytes, "capacity less what lives outside the allocator"),
+                 ("Margin", self.margin_bytes, "usable capacity less " + (
+                     "the peak" if self.overheads is None else
+                     "the reserved peak" if self.reserved_peak_bytes is not None else "the allocated peak"))]
+        return rows
+
     def to_json(self) -> dict:
         """The JSON keys of DESIGN.md's interface: integer bytes, overheads itemised."""
         data = {"capacity_bytes": self.capacity_bytes, "usable_capacity_bytes": self.usable_capacity_bytes,

@@ -21,16 +21,24 @@ def risks_text(risks: tuple[Risk, ...]) -> str:
     return "; ".join(risk.value for risk in risks)
 
 
+def _plan_columns(rank: int, plan, j: dict) -> dict:
+    """The columns a fitting plan and a near miss share (`plan`: a FitOption or NearMiss,
+    `j` its JSON)."""
+    return {
+        "rank": rank, "changes": changes_text(plan.changes), "risks": risks_text(plan.risks),
+        "method": j["finetune"], "optimizer": j["optimizer"], "precision": j["precision"],
+        "checkpointing": j["gradient_checkpointing"], "micro-batch": j["batch_size"],
+        "accumulation": j["grad_accum"], "strategy": j["strategy"],
+    }
+
+
 def fit_rows(result: FitResult) -> list[dict]:
     """One row per plan that fits, best first."""
     rows = []
     for rank, option in enumerate(result.options, 1):
         j = option.to_json()
         rows.append({
-            "rank": rank, "changes": changes_text(option.changes), "risks": risks_text(option.risks),
-            "method": j["finetune"], "optimizer": j["optimizer"], "precision": j["precision"],
-            "checkpointing": j["gradient_checkpointing"], "micro-batch": j["batch_size"],
-            "accumulation": j["grad_accum"], "strategy": j["strategy"],
+            **_plan_columns(rank, option, j),
             "largest micro-batch": j["max_batch_size"], "largest sequence": j["max_seq_len"],
             "peak": format_bytes(j["peak_bytes"]), "peak (bytes)": j["peak_bytes"],
             "step time (s)": j["step_time_s"], "tokens/s": j["tokens_per_s"],
@@ -45,10 +53,7 @@ def nearest_rows(result: FitResult) -> list[dict]:
     for rank, miss in enumerate(result.nearest, 1):
         j = miss.to_json()
         rows.append({
-            "rank": rank, "changes": changes_text(miss.changes), "risks": risks_text(miss.risks),
-            "method": j["finetune"], "optimizer": j["optimizer"], "precision": j["precision"],
-            "checkpointing": j["gradient_checkpointing"], "micro-batch": j["batch_size"],
-            "accumulation": j["grad_accum"], "strategy": j["strategy"],
+            **_plan_columns(rank, miss, j),
             "peak": format_bytes(j["peak_bytes"]), "peak (bytes)": j["peak_bytes"],
             "over by": format_bytes(j["over_bytes"]), "over by (bytes)": j["over_bytes"],
             "over by (%)": j["over_pct"],

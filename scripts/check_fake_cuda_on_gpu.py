@@ -25,6 +25,7 @@ from planner.probe.fake_cuda import (
     CudaGpu,
     SdpParams,
     cuda_kernels,
+    saved_during,
     select_sdp_backend,
 )
 
@@ -73,15 +74,7 @@ def check_backends(gpu: CudaGpu) -> int:
 
 
 def _saved(fn):
-    saved = []
-
-    def pack(tensor):
-        saved.append((tuple(tensor.shape), tensor.dtype))
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        fn()
-    return sorted(saved, key=str)
+    return sorted(saved_during(fn), key=str)
 
 
 def _sdpa_saved(device, case):

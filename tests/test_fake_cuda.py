@@ -21,6 +21,7 @@ from planner.probe.fake_cuda import (
     cuda_kernels,
     refusal,
     resolve_gpu,
+    saved_during,
     select_sdp_backend,
 )
 from planner.probe.fake_mode import simulation
@@ -30,17 +31,6 @@ from runners.simulate_measure import simulate_step
 B, H, S, D = 2, 4, 24, 32
 
 
-def _saved_during(fn):
-    """(shape, dtype) of every tensor autograd saves while `fn` runs."""
-    saved = []
-
-    def pack(tensor):
-        saved.append((tuple(tensor.shape), tensor.dtype))
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        fn()
-    return saved
 
 
 def _attention(dtype, dropout_p, gpu=None, s=S, kv_heads=H, enable_gqa=False):
@@ -48,7 +38,7 @@ def _attention(dtype, dropout_p, gpu=None, s=S, kv_heads=H, enable_gqa=False):
     with FakeTensorMode(), cuda_kernels(gpu) if gpu else _no_choices() as choices:
         q = torch.empty(B, H, s, D, dtype=dtype, requires_grad=True)
         kv = torch.empty(B, kv_heads, s, D, dtype=dtype, requires_grad=True)
-        saved = _saved_during(lambda: torch.nn.functional.scaled_dot_product_attention(
+        saved = saved_during(lambda: torch.nn.functional.scaled_dot_product_attention(
             q, kv, kv, dropout_p=dropout_p, is_causal=True, enable_gqa=enable_gqa))
     return saved, getattr(choices, "attention", None)
 
@@ -101,7 +91,7 @@ def test_cudnn_attention_saves_a_four_dimensional_logsumexp_when_preferred():
     gpu = CudaGpu("H100 with cuDNN 9.16", 9, 0, cudnn_version=91600)  # check_prefer_cudnn_attention: > 9.15.0
     with FakeTensorMode(), cuda_kernels(gpu) as choices:
         q = torch.empty(B, H, S, 64, dtype=torch.bfloat16, requires_grad=True)
-        saved = _saved_during(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True))
+        saved = saved_during(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True))
     assert choices.attention == [Backend.CUDNN]
     assert ((B, H, S, 1), torch.float32) in saved
 
@@ -110,7 +100,7 @@ def test_dropout_mask_is_one_byte_per_element_on_cuda():
     def dropout_masks(gpu):
         with FakeTensorMode(), cuda_kernels(gpu) if gpu else _no_choices():
             x = torch.empty(B, S, D, requires_grad=True)
-            return _saved_during(lambda: torch.nn.Dropout(0.1)(x))
+            return saved_during(lambda: torch.nn.Dropout(0.1)(x))
 
     assert dropout_masks(None) == [((B, S, D), torch.float32)]  # _dropout_impl's noise, the input's dtype
     assert dropout_masks("sm90") == [((B, S, D), torch.bool)]  # native_dropout's mask
@@ -226,7 +216,7 @@ def test_everything_is_restored_on_exit():
         assert nothing is None
         assert _default_to_fused_or_foreach(params, False) == (False, False)
         x = torch.empty(B, S, D, requires_grad=True)
-        assert _saved_during(lambda: torch.nn.functional.dropout(x, 0.1)) == [((B, S, D), torch.float32)]
+        assert saved_during(lambda: torch.nn.functional.dropout(x, 0.1)) == [((B, S, D), torch.float32)]
 
 
 # Whole training steps (the simulate runner's accelerate loop, MemTracker over fake tensors),

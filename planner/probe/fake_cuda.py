@@ -623,3 +623,17 @@ def cuda_kernels(gpu: CudaGpu | str = "sm90"):
             foreach_types.remove(FakeTensor)
         optimizer_module._get_foreach_kernels_supported_devices = foreach_devices
         library._destroy()
+
+
+def saved_during(fn) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of every tensor autograd saves while `fn` runs, in order: what a kernel
+    path keeps for backward (tests/test_fake_cuda.py, scripts/check_fake_cuda_on_gpu.py)."""
+    saved = []
+
+    def pack(tensor):
+        saved.append((tuple(tensor.shape), tensor.dtype))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        fn()
+    return saved
