@@ -36,7 +36,7 @@ from planner.errors import PlannerInputError
 from planner.strategy import MAX_DEVICES, Strategy
 from planner.units import format_bytes
 from runners.launch import plan_distributed
-from runners.rank_worker import VERIFIED_STRATEGIES
+from runners.request import VERIFIED_STRATEGIES
 from runners.unrecorded import unrecorded_note
 
 BYTES = st.column_config.NumberColumn(format="localized")

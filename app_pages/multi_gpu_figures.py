@@ -90,7 +90,7 @@ def memory_by_strategy_figure(estimates: Mapping[Strategy, ParallelEstimate], ca
             hovertemplate=f"{label}: %{{customdata[1]}} (%{{customdata[0]:,}} bytes)<extra></extra>",
         )
     _capacity_line(figure, capacity_bytes)
-    figure.update_layout(barmode="stack", template="plotly_white", title=title, yaxis_title="GiB (2^30 bytes)",
+    figure.update_layout(barmode="stack", title=title, yaxis_title="GiB (2^30 bytes)",
                          xaxis_title="strategy", legend_title_text="category", margin=dict(t=60, b=40))
     return figure
 
@@ -146,7 +146,7 @@ def communication_figure(estimates: Mapping[Strategy, ParallelEstimate],
         figure.add_bar(name=name, x=x, y=[v / size for v in values], marker_color=color,
                        customdata=[[v, format_bytes(round(v))] for v in values],
                        hovertemplate=f"{name}: %{{customdata[1]}} (%{{customdata[0]:,.0f}} bytes)<extra></extra>")
-    figure.update_layout(barmode="group", template="plotly_white", title=title, yaxis_title=f"per GPU, {unit}",
+    figure.update_layout(barmode="group", title=title, yaxis_title=f"per GPU, {unit}",
                          xaxis_title="strategy", margin=dict(t=60, b=40))
     return figure
 
@@ -231,7 +231,7 @@ def local_sgd_figure(comparison: LocalSgdComparison, title: str = "DDP against l
                          row=1, col=col)
         figure.update_yaxes(title_text=f"payload per GPU, {unit}", row=1, col=col)
         figure.update_xaxes(title_text="K (micro-batches between averagings)", type="category", row=1, col=col)
-    figure.update_layout(template="plotly_white", title=title, margin=dict(t=80, b=40))
+    figure.update_layout(title=title, margin=dict(t=80, b=40))
     return figure
 
 

@@ -4,7 +4,11 @@ rerun, with bad input shown as one error line (the page then stops drawing, the 
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import streamlit as st
 
@@ -39,6 +43,13 @@ class PageContext:
         return base_values(self.values)
 
     @property
+    def scenario_key(self) -> tuple:
+        """What every number on a page follows from: the sidebar's values and the model's config
+        (a hub id or an uploaded file names it, the config is what was read)."""
+        digest = hashlib.sha256(json.dumps(self.config, sort_keys=True, default=str).encode()).hexdigest()
+        return (self.values, digest)
+
+    @property
     def per_gpu(self) -> Estimate | ParallelEstimate:
         """What one GPU holds: the plan on one device, or its share under the strategy."""
         return self.result if self.per_device is None else self.per_device
@@ -64,6 +75,22 @@ def load_context() -> PageContext | None:
         st.error(markdown_text(error), icon=":material/error:")  # it may quote a file name
         return None
     return PageContext(values, config, name, shape, scenario, result, capacity, parallel, per_device)
+
+
+T = TypeVar("T")
+
+
+@st.cache_resource(max_entries=512, show_spinner=False)
+def _per_scenario(kind: str, key: tuple, _build: Callable[[], object]) -> object:
+    return _build()  # `_build` is not hashed (Streamlit skips arguments named with "_")
+
+
+def cached_for_scenario(context: PageContext, kind: str, build: Callable[[], T], *inputs) -> T:
+    """`build()` once per server for the same sidebar scenario, model and page `inputs`: every
+    session re-renders its page on each change, and the charts' dozens of estimates and their
+    Plotly figures are the same for every session with the same inputs. `build` must depend on
+    nothing else (never on the run history), and its result is shared: never mutate it."""
+    return _per_scenario(kind, (context.scenario_key, *inputs), build)  # type: ignore[return-value]
 
 
 def estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:

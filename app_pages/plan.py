@@ -11,7 +11,7 @@ from app_pages.breakdown import breakdown_table, verdict_for, verdict_table
 from app_pages.comparison import batch_sizes_for_chart, memory_vs_batch
 from app_pages.figures import memory_vs_batch_figure, phase_breakdown_figure
 from app_pages.inputs import preset_gpu, total_capacity_bytes
-from app_pages.page_context import start_page
+from app_pages.page_context import cached_for_scenario, start_page
 from planner.fit import fit_limits
 from planner.units import format_bytes
 from planner.verdict import tensor_budget_bytes
@@ -54,7 +54,8 @@ def render() -> None:
             "Every GPU trains its own micro-batch; the Multiple GPUs page compares the strategies and their traffic.")
 
     budget = tensor_budget_bytes(capacity, context.scenario.device, gpu, parallel)
-    limits = fit_limits(shape, context.scenario, budget, plan=parallel)
+    limits = cached_for_scenario(context, "plan limits",
+                                 lambda: fit_limits(shape, context.scenario, budget, plan=parallel))
     batch_column, seq_column = st.columns(2)
     batch_text = "none" if limits.batch_size is None else f"{limits.batch_size:,}"
     seq_text = "none" if limits.seq_len is None else f"{limits.seq_len:,}"
@@ -86,15 +87,20 @@ def render() -> None:
            if verdict.overheads is not None else "On CPU there are no CUDA overheads.")
     )
     # Charts of live tensors draw what they may take: the capacity less the CUDA overheads.
-    st.plotly_chart(phase_breakdown_figure(per_gpu, max(budget, 0)), width="stretch", key="phase_chart")
+    phase_figure = cached_for_scenario(context, "plan phases", lambda: phase_breakdown_figure(per_gpu, max(budget, 0)))
+    st.plotly_chart(phase_figure, width="stretch", key="phase_chart")
     for note in result.notes:
         st.info(note, icon=":material/info:")
 
     st.subheader("Peak against batch size, by technique")
-    series = memory_vs_batch(shape, context.base_values, batch_sizes_for_chart(limits.batch_size))
-    st.plotly_chart(memory_vs_batch_figure(series, max(budget, 0), title=f"{shape.name}: peak against batch size "
-                                                                  f"at {context.scenario.seq_len:,} tokens"),
-                    width="stretch", key="batch_chart")
+
+    def batch_figure():
+        series = memory_vs_batch(shape, context.base_values, batch_sizes_for_chart(limits.batch_size))
+        return memory_vs_batch_figure(series, max(budget, 0), title=f"{shape.name}: peak against batch size "
+                                                                   f"at {context.scenario.seq_len:,} tokens")
+
+    st.plotly_chart(cached_for_scenario(context, "plan batch chart", batch_figure), width="stretch",
+                    key="batch_chart")
     one_device = (" on one GPU holding a full replica (the sidebar's strategy is not applied here)"
                   if parallel.distributed else "")
     st.caption(f"Each technique starts from AdamW fp32 without checkpointing or accumulation{one_device}; "

@@ -21,7 +21,7 @@ from app_pages.fit_view import (
     target_for,
 )
 from app_pages.inputs import preset_gpu
-from app_pages.page_context import start_page
+from app_pages.page_context import cached_for_scenario, start_page
 from planner.errors import PlannerInputError
 from planner.fit import FIT_ERROR_MARGIN, find_fits
 from planner.step_time import DEFAULT_UTILISATION
@@ -95,9 +95,12 @@ def render() -> None:
         target = target_for(values, kind)
         # Plans must pass the verdict: on CUDA, the room the overheads leave (planner.verdict).
         budget = searchable_budget_bytes(capacity, context.scenario.device, preset_gpu(values), context.parallel)
-        result = find_fits(shape, context.scenario, capacity, target, gpu, values.gpu_count, utilisation,
-                           allow_risky=allow_risky, strategy=context.parallel.strategy,
-                           room_for=room_for_plans(capacity, context.scenario.device, preset_gpu(values)))
+        room_for = room_for_plans(capacity, context.scenario.device, preset_gpu(values))
+        result = cached_for_scenario(
+            context, "what fits",
+            lambda: find_fits(shape, context.scenario, capacity, target, gpu, values.gpu_count, utilisation,
+                              allow_risky=allow_risky, strategy=context.parallel.strategy, room_for=room_for),
+            kind, utilisation, allow_risky)
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")
         return
@@ -118,7 +121,8 @@ def render() -> None:
         return
 
     st.dataframe(fit_rows(result), hide_index=True, key="fit_table", column_config=FIT_COLUMNS)
-    st.plotly_chart(fit_options_figure(result), width="stretch", key="fit_chart")
+    st.plotly_chart(cached_for_scenario(context, "what fits chart", lambda: fit_options_figure(result),
+                                        kind, utilisation, allow_risky), width="stretch", key="fit_chart")
 
     # The labels themselves are the choices (not their positions): after a sidebar change
     # re-ranks the plans, a remembered label that no longer names an option resets the box

@@ -1,5 +1,7 @@
 """Model shapes by source, cached: building a shape takes up to a second (the meta-device
-build), an estimate microseconds, so the same (config, task, labels) is built once."""
+build, after seconds importing torch and transformers), an estimate microseconds, so the
+same (config, task, labels) is built once, and the catalog's are shipped
+(planner.shipped_shapes)."""
 
 from __future__ import annotations
 
@@ -10,18 +12,24 @@ from pathlib import Path
 from planner.config_source import resolve_config
 from planner.model_shape import ModelShape
 from planner.scenario import Task
+from planner.shipped_shapes import shipped_shape
 
 _SHAPES: dict[tuple[str, Task, int], ModelShape] = {}
 _MAX_CACHED_SHAPES = 64
 
 
 def model_shape_for_config(config: dict, task: Task, num_labels: int = 2, name: str = "model") -> ModelShape:
-    from planner.shapes_from_config import build_model_shape
-
-    key = (json.dumps(config, sort_keys=True, default=str), task, num_labels if task is Task.SEQUENCE_CLASSIFICATION else 0)
+    source_config = json.dumps(config, sort_keys=True, default=str)
+    key = (source_config, task, num_labels if task is Task.SEQUENCE_CLASSIFICATION else 0)
     shape = _SHAPES.get(key)
     if shape is None:
+        # The catalog's shapes are shipped; only other configs import torch to be built.
+        shape = shipped_shape(source_config, task, num_labels, name)
+    if shape is None:
+        from planner.shapes_from_config import build_model_shape
+
         shape = build_model_shape(config, task, num_labels, name)
+    if key not in _SHAPES:
         if len(_SHAPES) >= _MAX_CACHED_SHAPES:
             _SHAPES.pop(next(iter(_SHAPES)))
         _SHAPES[key] = shape

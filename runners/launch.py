@@ -63,8 +63,7 @@ from runners.memory_limit import (
     over_limit_reason,
 )
 from runners.parent_death import PARENT_PID_ENV, wrapper_command
-from runners.rank_worker import VERIFIED_STRATEGIES
-from runners.request import Mode, VerifyRequest
+from runners.request import VERIFIED_STRATEGIES, Mode, VerifyRequest
 from runners.scratch import env_with_tmpdir, scratch_dir
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

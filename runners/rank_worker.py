@@ -33,9 +33,8 @@ import torch
 
 from planner.strategy import Strategy, parse_strategy
 from runners.collectives import CollectiveCounter
-from runners.request import Mode, VerifyRequest
+from runners.request import VERIFIED_STRATEGIES, Mode, VerifyRequest
 
-VERIFIED_STRATEGIES = (Strategy.DDP, Strategy.FSDP_FULL_SHARD, Strategy.FSDP_SHARD_GRAD_OP)
 SINGLE_PROCESS_ERROR = ("runners.rank_worker: RANK and WORLD_SIZE are not set, so this is a single process: "
                         "`accelerate launch --cpu --num_processes N` starts only one; use "
                         "`accelerate launch --multi_gpu --num_processes N` (on CPU too, over gloo) or "

@@ -13,6 +13,11 @@ from dataclasses import asdict, dataclass, field
 
 from planner.errors import PlannerInputError
 from planner.scenario import Engine, Scenario, parse_enum, scenario_from_values
+from planner.strategy import Strategy
+
+# The strategies a verification run can launch (runners.rank_worker): the ZeRO stages are
+# planned, not run. Here, beside the request, so pages read it without importing torch.
+VERIFIED_STRATEGIES = (Strategy.DDP, Strategy.FSDP_FULL_SHARD, Strategy.FSDP_SHARD_GRAD_OP)
 
 
 class Mode(enum.Enum):

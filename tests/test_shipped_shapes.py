@@ -1,0 +1,94 @@
+"""The catalog's shipped model shapes (planner/catalog/shapes/) equal fresh meta-device builds,
+for every label count, and planning a catalog model imports neither torch nor transformers."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.catalog import catalog_config, catalog_entries
+from planner.errors import PlannerInputError
+from planner.scenario import Task
+from planner.shapes_from_config import build_model_shape
+from planner.shipped_shapes import shape_file, shape_to_json, shipped_shape
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _source(name: str) -> str:
+    return json.dumps(catalog_config(name), sort_keys=True, default=str)
+
+
+def _same(shipped, built) -> None:
+    assert shipped is not None, "scripts/build_shape_tables.py was not re-run for the installed transformers"
+    assert shipped.name == built.name and shipped.source_config == built.source_config
+    assert shape_to_json(shipped) == shape_to_json(built)
+    assert shipped.stats == built.stats
+
+
+@pytest.mark.parametrize("name", list(catalog_entries()))
+def test_every_catalog_task_is_shipped(name):
+    for task in Task:
+        assert shape_file(_source(name), task).is_file(), f"{name} {task.value}: not shipped"
+
+
+@pytest.mark.parametrize("name", list(catalog_entries()))
+def test_shipped_default_task_equals_a_fresh_build(name):
+    task = catalog_entries()[name].default_task
+    _same(shipped_shape(_source(name), task, 2, name), build_model_shape(catalog_config(name), task, 2, name))
+
+
+def test_shipped_shapes_for_other_tasks_and_label_counts():
+    """Random (model, task, labels): the label dimensions substituted give the head a fresh build has."""
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    for name in rng.sample(list(catalog_entries()), 6):
+        task = rng.choice(list(Task))
+        labels = rng.randint(1, 40)
+        try:
+            built = build_model_shape(catalog_config(name), task, labels, name)
+        except PlannerInputError as error:
+            with pytest.raises(PlannerInputError) as shipped_error:
+                shipped_shape(_source(name), task, labels, name)
+            assert str(shipped_error.value) == str(error), f"seed {seed}: {name} {task.value}"
+            continue
+        _same(shipped_shape(_source(name), task, labels, name), built)
+
+
+def test_a_shape_built_under_another_transformers_is_not_read(tmp_path, monkeypatch):
+    import planner.shipped_shapes as shipped
+
+    name = "gpt2"
+    source = _source(name)
+    record = json.loads(shape_file(source, Task.CAUSAL_LM).read_text())
+    record["transformers"] = "0.0.1"
+    monkeypatch.setattr(shipped, "SHAPES_DIR", tmp_path)
+    shape_file(source, Task.CAUSAL_LM).write_text(json.dumps(record))
+    assert shipped_shape(source, Task.CAUSAL_LM, 2, name) is None
+
+
+def test_planning_a_catalog_model_imports_neither_torch_nor_transformers():
+    script = (
+        "import sys\n"
+        "from planner.loading import load_model_shape\n"
+        "from planner.estimate import estimate\n"
+        "from planner.fit import fit_limits\n"
+        "from planner.scenario import Task, scenario_from_values\n"
+        "shape = load_model_shape('llama-2-7b', Task.CAUSAL_LM)\n"
+        "scenario = scenario_from_values(task='causal-lm', batch_size=4, seq_len=512)\n"
+        "estimate(shape, scenario)\n"
+        "fit_limits(shape, scenario, 80 * 2**30)\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
