@@ -89,7 +89,7 @@ def server_url(tmp_path_factory, request) -> str:
     env = {**os.environ, "PLANNER_DATA_DIR": str(tmp / "data"), "STREAMLIT_BROWSER_GATHER_USAGE_STATS": "false"}
     with log.open("wb") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+            [sys.executable, "scripts/serve.py", "--server.port", str(port),  # as scripts/dashboard.sh starts it
              "--server.headless", "true", "--server.address", "127.0.0.1"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
