@@ -65,7 +65,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu",
                  # as tests/test_browser.py: background connections fail on a closed network
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1440, "height": 1100}
-QUIET_MS = 400
+QUIET_MS = 300
 FIRST_TIMEOUT_MS = 120_000  # the fresh server's first run imports transformers
 CHANGE_TIMEOUT_MS = 60_000
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "browser_speed.md"
@@ -269,6 +269,9 @@ class Tab:
         self.shared = context is not None  # a tab in a context it does not own: closes only its page
         self.context = context if self.shared else new_context(browser)
         self.page = self.context.new_page()
+        # Playwright's view of each request, as Resource Timing lacks some on-demand chunks.
+        self.requests: list[tuple[str, dict]] = []
+        self.page.on("requestfinished", lambda request: self.requests.append((request.url, request.timing)))
         self.url = url
         self.cdp = self.context.new_cdp_session(self.page) if cdp else None
         if self.cdp is not None:
@@ -305,13 +308,16 @@ def ws_phases(probe: dict, since: float) -> dict:
     after = [m for m in probe["ws"] if m[0] >= since]
     sent = next((m[0] for m in after if m[1] == "out"), None)
     received = [m for m in after if m[1] == "in"]
-    finished = next((m[0] for m in received if m[3] in (0, 3)), None)
+    # The last script_finished seen (a page load may run the script more than once).
+    finished = next((m[0] for m in reversed(received) if m[3] in (0, 3)), None)
     first_in = next((m[0] for m in received if sent is None or m[0] >= sent), None)
     upto = [m for m in received if finished is None or m[0] <= finished]
     return {"input_to_send_ms": None if sent is None else round(sent - since, 1),
             "send_to_first_message_ms": None if sent is None or first_in is None else round(first_in - sent, 1),
             "send_to_script_finished_ms": None if sent is None or finished is None else round(finished - sent, 1),
-            "script_finished_to_done_ms": None if finished is None else round(probe["lastMut"] - finished, 1),
+            # Complete: drawn (the last DOM mutation) and finished (no mutation may follow the message).
+            "done_ms": max(probe["lastMut"], finished or 0.0),
+            "script_finished_to_done_ms": None if finished is None else round(max(probe["lastMut"] - finished, 0), 1),
             "messages": len(upto), "bytes_received": sum(m[2] or 0 for m in upto)}
 
 
@@ -331,12 +337,20 @@ def open_plan(browser, url: str, profile: bool = False, context=None) -> dict:
               start: e.startTime, end: e.responseEnd, bytes: e.transferSize, decoded: e.decodedBodySize}));
             return {domContentLoaded: n.domContentLoadedEventEnd, load: n.loadEventEnd, responseEnd: n.responseEnd,
                     resources: r}; })()""")
-        result = {"done_ms": probe["lastMut"], "ws_created_ms": probe["wsCreated"], "ws_open_ms": probe["wsOpen"],
+        result = {"ws_created_ms": probe["wsCreated"], "ws_open_ms": probe["wsOpen"],
                   "dom_content_loaded_ms": nav["domContentLoaded"], "load_event_ms": nav["load"],
                   **ws_phases(probe, 0.0)}
         first_in = next((m[0] for m in probe["ws"] if m[1] == "in"), None)
         result["first_message_ms"] = first_in
         scripts = [r for r in nav["resources"] if r["name"].split("?")[0].endswith(".js")]
+        origin = tab.page.evaluate("performance.timeOrigin")
+        seen = {r["name"] for r in scripts}
+        for request_url, timing in tab.requests:
+            if request_url.split("?")[0].endswith(".js") and request_url not in seen and timing.get("startTime"):
+                start = timing["startTime"] - origin
+                scripts.append({"name": request_url, "type": "playwright", "start": start,
+                                "end": start + max(timing.get("responseEnd", 0), 0), "bytes": None, "decoded": None})
+        result["js_files_missing_from_resource_timing"] = sum(r["type"] == "playwright" for r in scripts)
         # Boot JS: what the page fetched before opening the websocket; the rest are chunks fetched
         # on demand when an element first needs them (Plotly's when the first chart delta arrives).
         boot = [r for r in scripts if r["start"] <= (probe["wsCreated"] or 0)]
@@ -351,6 +365,10 @@ def open_plan(browser, url: str, profile: bool = False, context=None) -> dict:
                               "end_ms": round(r["end"], 1), "bytes_decoded": r["decoded"],
                               "bytes_transferred": r["bytes"]}
                              for r in sorted(lazy, key=lambda r: -(r["decoded"] or 0))[:6]]
+        plotly = [r for r in scripts if "PlotlyChart" in r["name"]]
+        result["plotly_chunk"] = ({"start_ms": round(plotly[0]["start"], 1), "end_ms": round(plotly[0]["end"], 1),
+                                   "bytes_transferred": plotly[0]["bytes"]} if plotly else None)
+        result["resource_entries"] = len(nav["resources"])
         if profile:
             after = tab.metrics()
             result["main_thread"] = main_thread(before, after)
@@ -440,7 +458,8 @@ def measure_change(tab: Tab, action, signature: str | None, path: str | None, pl
         raise RuntimeError("no input event seen")
     tab.wait_complete(since, signature, path, plan, CHANGE_TIMEOUT_MS)
     probe = tab.probe()
-    result = {"s": round((probe["lastMut"] - since) / 1000, 4), **ws_phases(probe, since)}
+    phases = ws_phases(probe, since)
+    result = {"s": round((phases.pop("done_ms") - since) / 1000, 4), **phases}
     if profile:
         result["main_thread"] = main_thread(before, tab.metrics())
         result["js_profile"] = profile_by_file(tab.cdp.send("Profiler.stop")["profile"])
@@ -479,13 +498,18 @@ def page_switches(tab: Tab, rounds: int) -> dict:
 # --- without a browser --------------------------------------------------------------------
 
 
-def websocket_client_rerenders(port: int, rerenders: int) -> list[float]:
-    """load_test's protocol, one session on the warm server: script time plus transport, no drawing."""
-    results, errors, _ = asyncio.run(load_test.drive(f"ws://127.0.0.1:{port}/_stcore/stream", 1, rerenders,
-                                                     60.0, 120.0))
-    if errors:
-        raise RuntimeError("; ".join(errors))
-    return results[0][1]
+def websocket_client(port: int, sessions: int, rerenders: int) -> tuple[list[float], list[float]]:
+    """load_test's protocol, one session at a time on the warm server: script time plus transport,
+    no drawing. (first renders of new sessions, re-renders)."""
+    firsts, times = [], []
+    for _ in range(sessions):
+        results, errors, _ = asyncio.run(load_test.drive(f"ws://127.0.0.1:{port}/_stcore/stream", 1, rerenders,
+                                                         60.0, 120.0))
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        firsts.append(results[0][0])
+        times += results[0][1]
+    return firsts, times
 
 
 def server_script_profile(repeats: int) -> dict:
@@ -497,6 +521,12 @@ def server_script_profile(repeats: int) -> dict:
     t0 = time.perf_counter()
     app.run()
     first = time.perf_counter() - t0
+    new_sessions = []
+    for _ in range(repeats):  # a new session's first run, the process warm (a later browser session)
+        other = AppTest.from_file(str(ROOT / "app.py"), default_timeout=180)
+        t0 = time.perf_counter()
+        other.run()
+        new_sessions.append(time.perf_counter() - t0)
     timings: dict[str, list[float]] = {"batch": [], "checkpointing": [], "optimizer": []}
     profiler = cProfile.Profile()
     # AppTest runs the script in a thread of its own, and cProfile sees only the thread that
@@ -543,7 +573,7 @@ def server_script_profile(repeats: int) -> dict:
     entries.sort(reverse=True)
     wanted = [(c, n) for c, n in entries if any(part in n for part in (
         "planner/", "app_pages/", "plotly/", "streamlit/elements", "pandas/", "pyarrow/", "app.py", "json/"))]
-    return {"first_run_s": round(first, 2),
+    return {"first_run_s": round(first, 2), "new_session_first_run_s": summarise(new_sessions),
             "rerun_s": {k: summarise(v) for k, v in timings.items()},
             "batch_rerun_cumulative_top": [{"s_per_rerun": round(c / max(1, len(timings["batch"])), 4), "where": n}
                                            for c, n in wanted[:18]],
@@ -573,9 +603,15 @@ def main(argv: list[str] | None = None) -> int:
                                       "with --quick /tmp/browser_speed_quick.md")
     parser.add_argument("--no-load-test", action="store_true")
     parser.add_argument("--no-diagnosis", action="store_true", help="skip the profiled pass and AppTest cProfile")
+    parser.add_argument("--render", metavar="JSON", help="only rewrite the Markdown beside this results JSON")
     args = parser.parse_args(argv)
+    if args.render:
+        saved = json.loads(Path(args.render).read_text())
+        saved["diagnosis_summary"] = diagnosis_summary(saved)
+        Path(args.render).with_suffix(".md").write_text(markdown(saved))
+        return 0
     out = Path(args.out) if args.out else (Path("/tmp/browser_speed_quick.md") if args.quick else DEFAULT_OUT)
-    later_n, cached_n, changes_n, rounds = (2, 1, 2, 1) if args.quick else (5, 3, 6, 2)
+    later_n, cached_n, changes_n, rounds = (2, 1, 2, 1) if args.quick else (5, 2, 6, 2)
     load_sessions, load_rerenders = (4, 2) if args.quick else (20, 5)
 
     from playwright.sync_api import sync_playwright
@@ -642,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
                                 if kind not in ("batch", "model", "checkpointing"):
                                     continue
                                 runs = []
-                                for value in (values[:2] if kind == "model" else values[:3]):
+                                for value in values[:2]:
                                     signature = tab.signature()
                                     runs.append({"value": value, **measure_change(
                                         tab, lambda: do_sidebar_change(tab, kind, label, value),
@@ -654,8 +690,9 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     browser.close()
             if not args.no_diagnosis:
-                client = websocket_client_rerenders(port, 4 if args.quick else 12)
+                firsts, client = websocket_client(port, 2 if args.quick else 3, 4)
                 diagnosis["websocket_client_rerender"] = summarise(client)
+                diagnosis["websocket_client_new_session"] = summarise(firsts)
         finally:
             server.terminate()
             try:
@@ -669,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
         results["errors"] += [f"load test: {e}" for e in errors]
         print(f"load test: {summary}", flush=True)
     if not args.no_diagnosis:
-        diagnosis["server_script_apptest"] = server_script_profile(2 if args.quick else 4)
+        diagnosis["server_script_apptest"] = server_script_profile(2 if args.quick else 3)
     results["diagnosis"] = diagnosis
     results["diagnosis_summary"] = diagnosis_summary(results)
     results["loadavg_after_full"] = loadavg()
@@ -704,12 +741,18 @@ def diagnosis_summary(results: dict) -> list[str]:
     diagnosis = results.get("diagnosis", {})
     client = diagnosis.get("websocket_client_rerender")
     if client and client.get("p50_s") is not None:
-        lines.append(f"The same kind of change from a bare websocket client (no browser): p50 {client['p50_s']} s, "
-                     f"p95 {client['p95_s']} s.")
+        fresh = diagnosis["websocket_client_new_session"]
+        lines.append(f"The same server from a bare websocket client (no browser, one session at a time): a re-render "
+                     f"(batch, sequence, accumulation, checkpointing) p50 {client['p50_s']} s, p95 {client['p95_s']} s; "
+                     f"a new session's first render p50 {fresh['p50_s']} s, max {fresh['max_s']} s.")
     apptest = diagnosis.get("server_script_apptest")
     if apptest:
         reruns = ", ".join(f"{k} p50 {v['p50_s']} s" for k, v in apptest["rerun_s"].items())
-        lines.append(f"Server script alone (AppTest, no websocket): {reruns}; first run {apptest['first_run_s']} s.")
+        top = "; ".join(f"{e['where']} {e['s_per_rerun']} s" for e in apptest["batch_rerun_cumulative_top"][:8])
+        lines.append(f"Server script alone (AppTest, no websocket): re-runs {reruns}; a new session's first run "
+                     f"p50 {apptest['new_session_first_run_s']['p50_s']} s; the process's first run "
+                     f"{apptest['first_run_s']} s (imports). Under cProfile (about 2x slower), cumulative per batch "
+                     f"re-run: {top}.")
     profiled = diagnosis.get("profiled_sidebar_changes", {})
     for kind, kind_runs in profiled.items():
         thread = [r["main_thread"] for r in kind_runs]
@@ -717,13 +760,13 @@ def diagnosis_summary(results: dict) -> list[str]:
         for r in kind_runs:
             for file, ms in r["js_profile"]["by_file_ms"].items():
                 files.setdefault(file, []).append(ms)
-        top = ", ".join(f"{f} {round(statistics.median(v), 1)}" for f, v in
+        top = ", ".join(f"{f} {round(statistics.median(v))}" for f, v in
                         sorted(files.items(), key=lambda kv: -statistics.median(kv[1]))[:5])
-        lines.append(f"Profiled {kind} change (median of {len(kind_runs)}): main thread busy "
-                     f"{statistics.median(t['task_ms'] for t in thread)} ms, of it script "
-                     f"{statistics.median(t['script_ms'] for t in thread)} ms, layout "
-                     f"{statistics.median(t['layout_ms'] for t in thread)} ms, style "
-                     f"{statistics.median(t['style_ms'] for t in thread)} ms; time by script file, a DOM call counted to its caller (ms): {top}.")
+        busy = {key: round(statistics.median(t[key] for t in thread)) for key in thread[0]}
+        lines.append(f"Profiled {kind} change (median of {len(kind_runs)}; the profiler slows it): main thread busy "
+                     f"{busy['task_ms']} ms, of it script {busy['script_ms']} ms, layout {busy['layout_ms']} ms, "
+                     f"style {busy['style_ms']} ms; time by script file, a DOM call counted to its caller "
+                     f"(ms): {top}.")
     for name, session in (("First session (fresh server)", results.get("first_session")),
                           ("A later session (profiled)", diagnosis.get("profiled_later_session"))):
         if not session:
