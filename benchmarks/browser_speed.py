@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import importlib.util
 import io
 import json
@@ -101,6 +102,12 @@ PAGE_PROBE = r"""
   new MutationObserver(() => { B.lastMut = performance.now(); })
     .observe(document, {subtree: true, childList: true, attributes: true, characterData: true});
   B.arm = () => { B.armed = true; B.tInput = null; };
+  // Main-thread tasks over 50 ms (start, duration): the browser's own work, drawing included.
+  B.long = [];
+  try {
+    new PerformanceObserver((list) => { for (const e of list.getEntries()) B.long.push([e.startTime, e.duration]); })
+      .observe({type: 'longtask', buffered: true});
+  } catch (e) { /* no Long Tasks API */ }
   for (const type of ['pointerdown', 'keydown']) {
     addEventListener(type, () => { if (B.armed) { B.armed = false; B.tInput = performance.now(); } }, true);
   }
@@ -170,7 +177,7 @@ def summarise(values: list[float]) -> dict:
             "max_s": round(max(values), 3)}
 
 
-def verdict(value: float | int | None, target: float | int | None) -> str:
+def verdict(value: float | None, target: float | None) -> str:
     if target is None:
         return "-"
     if value is None:
@@ -227,14 +234,14 @@ def markdown(results: dict) -> str:
     lines = ["# Browser speed: the dashboard in headless Chromium", "",
              f"Command: `{results['command']}`", "",
              f"Machine: {results['machine']}; run {results['date']}.", "",
-             f"Load: /proc/loadavg {results['loadavg_before_full']} before, {results['loadavg_after_full']} after"
-             f" ({results['load_note']}).", "",
-             "Times are the page's own clock (performance.now()): from opening the URL, or from the input event, "
+             (f"Load: /proc/loadavg {results['loadavg_before_full']} before, {results['loadavg_after_full']} after"
+              f" ({results['load_note']})."), "",
+             ("Times are the page's own clock (performance.now()): from opening the URL, or from the input event, "
              "to the last DOM mutation of the complete page (script_finished received, status widget gone, every "
              f"Plotly chart drawn, the verdict and the new numbers shown, then {QUIET_MS} ms without a mutation). "
              "Later sessions are new browser contexts (cold HTTP cache) on the warm server; the warm-cache row "
              "opens new tabs in one context that has loaded the page once. The load test is "
-             "benchmarks/load_test.py's (websocket clients, no browser drawing) on its own fresh server.", "",
+             "benchmarks/load_test.py's (websocket clients, no browser drawing) on its own fresh server."), "",
              "| measure | value | target | result |", "|---|---|---|---|"]
     lines += [f"| {m} | {v} | {t} | {r} |" for m, v, t, r in rows]
     diagnosis = results.get("diagnosis_summary")
@@ -286,7 +293,7 @@ class Tab:
         return self.page.evaluate("performance.now()")
 
     def probe(self) -> dict:
-        return self.page.evaluate("({lastMut: __bench.lastMut, tInput: __bench.tInput, ws: __bench.ws, "
+        return self.page.evaluate("({lastMut: __bench.lastMut, tInput: __bench.tInput, ws: __bench.ws, long: __bench.long, "
                                   "wsCreated: __bench.wsCreated, wsOpen: __bench.wsOpen})")
 
     def wait_complete(self, since: float, signature: str | None, path: str | None, plan: bool,
@@ -312,13 +319,21 @@ def ws_phases(probe: dict, since: float) -> dict:
     finished = next((m[0] for m in reversed(received) if m[3] in (0, 3)), None)
     first_in = next((m[0] for m in received if sent is None or m[0] >= sent), None)
     upto = [m for m in received if finished is None or m[0] <= finished]
+    done = max(probe["lastMut"], finished or 0.0)
+    long_tasks = [(t, d) for t, d in probe.get("long", []) if since <= t <= done]
+    biggest = sorted(upto, key=lambda m: -(m[2] or 0))[:2]  # the two Plotly figures' deltas, on the Plan page
     return {"input_to_send_ms": None if sent is None else round(sent - since, 1),
             "send_to_first_message_ms": None if sent is None or first_in is None else round(first_in - sent, 1),
             "send_to_script_finished_ms": None if sent is None or finished is None else round(finished - sent, 1),
             # Complete: drawn (the last DOM mutation) and finished (no mutation may follow the message).
-            "done_ms": max(probe["lastMut"], finished or 0.0),
+            "done_ms": done,
             "script_finished_to_done_ms": None if finished is None else round(max(probe["lastMut"] - finished, 0), 1),
-            "messages": len(upto), "bytes_received": sum(m[2] or 0 for m in upto)}
+            "messages": len(upto), "bytes_received": sum(m[2] or 0 for m in upto),
+            # The browser's main thread in tasks over 50 ms between the action and the complete page.
+            "long_tasks": len(long_tasks), "long_tasks_ms": round(sum(d for _, d in long_tasks), 1),
+            "long_tasks_after_script_finished_ms": round(sum(d for t, d in long_tasks
+                                                             if finished is not None and t >= finished), 1),
+            "largest_messages": [{"at_ms": round(m[0] - (sent or since), 1), "bytes": m[2]} for m in biggest]}
 
 
 def open_plan(browser, url: str, profile: bool = False, context=None) -> dict:
@@ -473,7 +488,8 @@ def sidebar_changes(tab: Tab, changes_per_kind: int, profile: bool = False) -> d
         for value in values[:changes_per_kind]:
             signature = tab.signature()
             runs.append({"value": value, **measure_change(
-                tab, lambda: do_sidebar_change(tab, kind, label, value), signature, None, True, profile)})
+                tab, lambda kind=kind, label=label, value=value: do_sidebar_change(tab, kind, label, value),
+                signature, None, True, profile)})
         measured[kind] = runs
     return measured
 
@@ -487,7 +503,7 @@ def page_switches(tab: Tab, rounds: int) -> dict:
                 has=tab.page.get_by_text(name, exact=True))
             path = "/" + (link.get_attribute("href") or "").split("/", 3)[-1]
 
-            def click():
+            def click(link=link):
                 tab.page.evaluate("__bench.arm()")
                 link.click()
 
@@ -528,15 +544,18 @@ def server_script_profile(repeats: int) -> dict:
         other.run()
         new_sessions.append(time.perf_counter() - t0)
     timings: dict[str, list[float]] = {"batch": [], "checkpointing": [], "optimizer": []}
-    profiler = cProfile.Profile()
     # AppTest runs the script in a thread of its own, and cProfile sees only the thread that
-    # enables it: profile inside every thread's run() while `profiling` is set.
+    # enables it: a profiler inside every thread's run() while `profiling` is set, one per
+    # thread (one profiler enabled in two threads at once mixes their times up).
+    profiles: list[cProfile.Profile] = []
     profiling = threading.Event()
     native_run = threading.Thread.run
 
     def profiled_run(thread):
         if not profiling.is_set():
             return native_run(thread)
+        profiler = cProfile.Profile()
+        profiles.append(profiler)
         profiler.enable()
         try:
             return native_run(thread)
@@ -562,7 +581,14 @@ def server_script_profile(repeats: int) -> dict:
             if app.exception:
                 raise RuntimeError(f"AppTest exception: {app.exception[0].message}")
     threading.Thread.run = native_run
-    stats = pstats.Stats(profiler, stream=io.StringIO())
+    # Streamlit runs gc.collect(2) after every script run (runner.postScriptGC, on by default),
+    # holding the GIL: time it here, where the same modules (torch, transformers) are loaded.
+    gc_s = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        gc.collect(2)
+        gc_s.append(time.perf_counter() - t0)
+    stats = pstats.Stats(*profiles, stream=io.StringIO())
     total = sum(timings["batch"])
     entries = []
     for (file, line, name), (_, _, _, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
@@ -576,8 +602,10 @@ def server_script_profile(repeats: int) -> dict:
     return {"first_run_s": round(first, 2), "new_session_first_run_s": summarise(new_sessions),
             "rerun_s": {k: summarise(v) for k, v in timings.items()},
             "batch_rerun_cumulative_top": [{"s_per_rerun": round(c / max(1, len(timings["batch"])), 4), "where": n}
-                                           for c, n in wanted[:18]],
-            "profiled_batch_reruns": len(timings["batch"]), "profiled_total_s": round(total, 3)}
+                                           for c, n in wanted[:30]],
+            "profiled_batch_reruns": len(timings["batch"]), "profiled_total_s": round(total, 3),
+            "profiled_threads": len(profiles), "gc_collect_2_s": summarise(gc_s),
+            "gc_tracked_objects": len(gc.get_objects()), "modules_loaded": len(sys.modules)}
 
 
 def machine() -> str:
@@ -588,7 +616,7 @@ def machine() -> str:
     except (OSError, StopIteration):
         pass
     try:
-        version = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+        version = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         version = "chromium ?"
     import streamlit
@@ -681,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
                                 for value in values[:2]:
                                     signature = tab.signature()
                                     runs.append({"value": value, **measure_change(
-                                        tab, lambda: do_sidebar_change(tab, kind, label, value),
+                                        tab, lambda kind=kind, label=label, value=value: do_sidebar_change(tab, kind, label, value),
                                         signature, None, True, profile=True)})
                                 profiled[kind] = runs
                             diagnosis["profiled_sidebar_changes"] = profiled
@@ -690,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     browser.close()
             if not args.no_diagnosis:
-                firsts, client = websocket_client(port, 2 if args.quick else 3, 4)
+                firsts, client = websocket_client(port, 2, 4 if args.quick else 5)
                 diagnosis["websocket_client_rerender"] = summarise(client)
                 diagnosis["websocket_client_new_session"] = summarise(firsts)
         finally:
@@ -701,12 +729,12 @@ def main(argv: list[str] | None = None) -> int:
                 server.kill()
 
     if not args.no_load_test:
-        summary, errors, unfinished = load_test.run_load_test(load_sessions, load_rerenders)
+        summary, errors, _ = load_test.run_load_test(load_sessions, load_rerenders)
         results["load_test"] = {"summary": summary, "errors": errors}
         results["errors"] += [f"load test: {e}" for e in errors]
         print(f"load test: {summary}", flush=True)
     if not args.no_diagnosis:
-        diagnosis["server_script_apptest"] = server_script_profile(2 if args.quick else 3)
+        diagnosis["server_script_apptest"] = server_script_profile(2)
     results["diagnosis"] = diagnosis
     results["diagnosis_summary"] = diagnosis_summary(results)
     results["loadavg_after_full"] = loadavg()
@@ -737,7 +765,9 @@ def diagnosis_summary(results: dict) -> list[str]:
                      f"{med('input_to_send_ms', runs)} ms; sent to first ForwardMsg {med('send_to_first_message_ms', runs)} "
                      f"ms; sent to script_finished {med('send_to_script_finished_ms', runs)} ms; script_finished to "
                      f"last DOM mutation {med('script_finished_to_done_ms', runs)} ms; "
-                     f"{med('messages', runs)} messages, {med('bytes_received', runs)} bytes received.")
+                     f"{med('messages', runs)} messages, {med('bytes_received', runs)} bytes received; the browser's "
+                     f"main thread in tasks over 50 ms: {med('long_tasks_ms', runs)} ms (of it after script_finished "
+                     f"{med('long_tasks_after_script_finished_ms', runs)} ms).")
     diagnosis = results.get("diagnosis", {})
     client = diagnosis.get("websocket_client_rerender")
     if client and client.get("p50_s") is not None:
@@ -752,7 +782,9 @@ def diagnosis_summary(results: dict) -> list[str]:
         lines.append(f"Server script alone (AppTest, no websocket): re-runs {reruns}; a new session's first run "
                      f"p50 {apptest['new_session_first_run_s']['p50_s']} s; the process's first run "
                      f"{apptest['first_run_s']} s (imports). Under cProfile (about 2x slower), cumulative per batch "
-                     f"re-run: {top}.")
+                     f"re-run: {top}. A full gc.collect(2), which Streamlit runs after every script run "
+                     f"(runner.postScriptGC), takes {apptest['gc_collect_2_s']['p50_s']} s here "
+                     f"({apptest['gc_tracked_objects']:,} tracked objects, {apptest['modules_loaded']:,} modules).")
     profiled = diagnosis.get("profiled_sidebar_changes", {})
     for kind, kind_runs in profiled.items():
         thread = [r["main_thread"] for r in kind_runs]

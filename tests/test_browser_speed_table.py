@@ -77,7 +77,9 @@ def test_markdown_has_the_command_machine_load_and_table():
 
 
 def test_profile_counts_a_native_call_to_the_script_calling_it():
-    frame = lambda name, url="": {"functionName": name, "url": url}  # noqa: E731
+    def frame(name, url=""):
+        return {"functionName": name, "url": url}
+
     profile = {
         "nodes": [{"id": 1, "callFrame": frame("(root)"), "children": [2, 4]},
                   {"id": 2, "callFrame": frame("draw", "http://h/static/js/PlotlyChart.D9Z0_fxz.js"), "children": [3]},
