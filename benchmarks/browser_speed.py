@@ -751,6 +751,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def plotly_text(session: dict) -> str:
+    chunk = session.get("plotly_chunk")
+    if not chunk:
+        return "not in Resource Timing"
+    return f"fetched {round(chunk['start_ms'])}-{round(chunk['end_ms'])} ms"
+
+
 def diagnosis_summary(results: dict) -> list[str]:
     """Plain lines for the Markdown: medians of the phases measured above."""
     lines = []
@@ -810,7 +817,9 @@ def diagnosis_summary(results: dict) -> list[str]:
                 f"{boot['files']} files, {boot['bytes_decoded'] / 2**20:.1f} MiB, fetched by "
                 f"{round(boot['last_response_end_ms'])} ms; websocket open at {round(session['ws_open_ms'] or 0)} ms; "
                 f"first ForwardMsg {session['send_to_first_message_ms']} ms and script_finished "
-                f"{session['send_to_script_finished_ms']} ms after the first BackMsg; on-demand chunks: {lazy}; "
+                f"{session['send_to_script_finished_ms']} ms after the first BackMsg; largest JS fetched after the "
+                f"websocket opened (Resource Timing, which misses the lazily imported Plotly chunk in some "
+                f"sessions): {lazy}; Plotly's chunk: {plotly_text(session)}; "
                 f"complete at {round(session['done_ms'])} ms, {session['script_finished_to_done_ms']} ms after "
                 "script_finished.")
         if "main_thread" in session:
