@@ -146,15 +146,9 @@ def start_server(port: int, data_dir: str) -> subprocess.Popen:
     raise RuntimeError("the streamlit server did not answer /_stcore/health in 60 s")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=20)
-    parser.add_argument("--rerenders", type=int, default=5)
-    parser.add_argument("--render-timeout-s", type=float, default=60.0)
-    parser.add_argument("--budget-s", type=float, default=300.0)
-    parser.add_argument("--out", help="write a Markdown summary here")
-    args = parser.parse_args(argv)
-
+def run_load_test(sessions: int = 20, rerenders: int = 5, render_timeout_s: float = 60.0,
+                  budget_s: float = 300.0) -> tuple[dict, list[str], int]:
+    """(summary, errors, sessions unfinished) of one load test on a freshly started server."""
     port = free_port()
     with tempfile.TemporaryDirectory() as data_dir:
         server = start_server(port, data_dir)
@@ -164,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(drive(url, 1, 1, 120.0, 180.0))  # warm: imports, catalog, first shape build
             warm_s = time.perf_counter() - t0
             t0 = time.perf_counter()
-            results, errors, unfinished = asyncio.run(
-                drive(url, args.sessions, args.rerenders, args.render_timeout_s, args.budget_s))
+            results, errors, unfinished = asyncio.run(drive(url, sessions, rerenders, render_timeout_s, budget_s))
             wall = time.perf_counter() - t0
         finally:
             server.terminate()
@@ -177,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     times = [t for _, session_times in results for t in session_times]
     firsts = [first for first, _ in results if first is not None]
     summary = {
-        "concurrent sessions": args.sessions, "re-renders per session": args.rerenders,
+        "concurrent sessions": sessions, "re-renders per session": rerenders,
         "re-renders done": len(times), "sessions with an error": len({e.split(":")[0] for e in errors}),
         "sessions not finished in budget": unfinished,
         "re-render p50 (s)": round(percentile(times, 50), 3), "re-render p95 (s)": round(percentile(times, 95), 3),
@@ -186,6 +179,19 @@ def main(argv: list[str] | None = None) -> int:
         "first render p95 (s)": round(percentile(firsts, 95), 3),
         "wall time (s)": round(wall, 1), "server warm-up render (s)": round(warm_s, 1),
     }
+    return summary, errors, unfinished
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=20)
+    parser.add_argument("--rerenders", type=int, default=5)
+    parser.add_argument("--render-timeout-s", type=float, default=60.0)
+    parser.add_argument("--budget-s", type=float, default=300.0)
+    parser.add_argument("--out", help="write a Markdown summary here")
+    args = parser.parse_args(argv)
+
+    summary, errors, unfinished = run_load_test(args.sessions, args.rerenders, args.render_timeout_s, args.budget_s)
     for key, value in summary.items():
         print(f"{key:<34}{value}")
     for error in errors[:20]:
