@@ -130,7 +130,9 @@ async def drive(url: str, sessions: int, rerenders: int, render_timeout_s: float
 
 def start_server(port: int, data_dir: str) -> subprocess.Popen:
     env = {**os.environ, "PLANNER_DATA_DIR": data_dir}
-    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"),
+    # As scripts/dashboard.sh starts it (the README's command): scripts/serve.py, with the
+    # project's .streamlit/config.toml (cwd).
+    server = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"),
                                "--server.port", str(port), "--server.address", "127.0.0.1",
                                "--server.headless", "true", "--browser.gatherUsageStats", "false"],
                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
