@@ -80,7 +80,10 @@ def load_context() -> PageContext | None:
 T = TypeVar("T")
 
 
-@st.cache_resource(max_entries=512, show_spinner=False)
+# Shown only while a result is computed, never when it is served from the cache: the first
+# LoRA or CPU-kernel plan of a model probes its training step, seconds per technique class.
+@st.cache_resource(max_entries=512, show_spinner="Computing (a model's first LoRA or CPU plans probe its own "
+                                                 "training step on fake tensors: seconds per technique)…")
 def _per_scenario(kind: str, key: tuple, _build: Callable[[], object]) -> object:
     return _build()  # `_build` is not hashed (Streamlit skips arguments named with "_")
 

@@ -49,6 +49,7 @@ class AdapterCount:
     all_parameters: int  # PEFT's get_nb_trainable_parameters()[1]
     all_bytes: int  # every parameter of the wrapped model (frozen base, adapters, trained head copies)
     trainable: tuple[tuple[str, tuple[int, ...], int], ...]  # (name, shape, bytes per element)
+    parameter_bytes: tuple[int, ...] = ()  # each parameter tensor's bytes (all_bytes is their sum)
 
 
 @dataclass(frozen=True)
@@ -96,11 +97,23 @@ def lora_config(finetune: FineTune, task: Task):
 @functools.lru_cache(maxsize=64)
 def adapter_count(source_config: str, task: Task, num_labels: int, finetune: FineTune,
                   dtype_name: str = "float32") -> AdapterCount:
-    """LoRA's trainable parameters as PEFT creates and counts them (module doc)."""
-    from peft import get_peft_model
-
+    """LoRA's trainable parameters as PEFT creates and counts them (module doc); the catalog's
+    default settings are shipped (planner.shipped_adapters)."""
     if not finetune.uses_adapters:
         raise ValueError("full fine-tuning has no adapters")
+    from planner.shipped_adapters import shipped_count
+
+    shipped = shipped_count(source_config, task, num_labels, finetune, dtype_name)  # the catalog's, without torch
+    if shipped is not None:
+        return shipped
+    return built_adapter_count(source_config, task, num_labels, finetune, dtype_name)
+
+
+def built_adapter_count(source_config: str, task: Task, num_labels: int, finetune: FineTune,
+                        dtype_name: str = "float32") -> AdapterCount:
+    """adapter_count from PEFT itself, on the meta device (what planner/catalog/adapters/ ships)."""
+    from peft import get_peft_model
+
     model = _meta_model(source_config, task, num_labels, dtype_name)
     try:
         with warnings.catch_warnings():
@@ -119,8 +132,9 @@ def adapter_count(source_config: str, task: Task, num_labels: int, finetune: Fin
     tensors = tuple((name, tuple(p.shape), p.element_size()) for name, p in peft_model.named_parameters()
                     if p.requires_grad)
     trainable_bytes = sum(math.prod(shape) * size for _, shape, size in tensors)
-    all_bytes = sum(p.numel() * p.element_size() for p in peft_model.parameters())
-    return AdapterCount(int(trainable), int(trainable_bytes), int(total), int(all_bytes), tensors)
+    parameter_bytes = tuple(int(p.numel() * p.element_size()) for p in peft_model.parameters())
+    return AdapterCount(int(trainable), int(trainable_bytes), int(total), sum(parameter_bytes), tensors,
+                        parameter_bytes)
 
 
 @functools.lru_cache(maxsize=64)

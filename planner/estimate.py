@@ -14,11 +14,12 @@ accumulation keeps gradients alive):
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from planner.activations import ActivationProfile, activation_profile
 from planner.errors import PlannerInputError
-from planner.model_shape import ArchFamily, ModelShape
+from planner.model_shape import ArchFamily, ModelShape, ParamTensor, compute_parameter_stats
 from planner.finetune import Method
 from planner.optimizer_state import (allocation, optimizer_state_bytes, parameter_bytes_per_element,
                                      parameter_tensor_bytes, tensor_state_bytes)
@@ -171,15 +172,17 @@ def _head_gradient_elements(shape: ModelShape, scenario: Scenario) -> int:
     return max(head, 0)
 
 
-def _probed_phases(shape: ModelShape, scenario: Scenario, weights: int, state: int):
-    """Phases from the model's probed step, or why there is none (planner.probe)."""
+def _probed_phases(shape: ModelShape, scenario: Scenario, weights: int, state: int, step: int | None = None):
+    """Phases from the model's probed step, or why there is none (planner.probe). `step`: the
+    optimizer step's temporaries when they are not probed."""
     from planner.probe.cache import probe_table, probed_step_temporaries
 
     table = probe_table(shape, scenario)
     if isinstance(table, str):
         return table
     walk = table.walk(scenario.batch_size, scenario.seq_len, scenario.grad_accum_steps)
-    step = probed_step_temporaries(shape, scenario)
+    if step is None:
+        step = probed_step_temporaries(shape, scenario)
     if isinstance(step, str):
         return f"optimizer step: {step}"
     phases = (
@@ -212,6 +215,30 @@ def check_scenario_fits_model(shape: ModelShape, scenario: Scenario) -> None:
         raise ValueError("scenario task/num_labels differ from the ModelShape's: load the shape for this task")
 
 
+# torch.optim's optimizers that CUDA runs with all tensors at once by default (foreach) or
+# fused (torch/optim/optimizer.py `_default_to_fused_or_foreach`); Adafactor keeps its
+# per-tensor loop unless asked (torch/optim/_adafactor.py), and bitsandbytes its own kernels.
+_CUDA_MULTI_TENSOR = (Optimizer.ADAMW, Optimizer.ADAM, Optimizer.SGD, Optimizer.ADAMW_FUSED)
+
+
+def _adapter_step_bytes(trainable: tuple[tuple[str, tuple[int, ...], int], ...], scenario: Scenario) -> int | None:
+    """The optimizer step's temporaries over LoRA's trainable tensors on CUDA when they are not
+    probed, from torch's code as for the full model (planner.optimizer_step): the step probe
+    runs the reduced model, which holds every parameter shape, so it is exact for a per-tensor
+    loop (None: probe it), but a foreach step holds a temporary for every trainable tensor at
+    once, and would see only the probed blocks' adapters. `trainable`: (name, shape, bytes per
+    element) as PEFT leaves them; their dtype decides as the parameters' precision does for a
+    full model (PEFT keeps adapters in fp32 under a bf16 base: autocast_adapter_dtype)."""
+    if scenario.optimizer not in _CUDA_MULTI_TENSOR:
+        return None
+    sizes = {size for _, _, size in trainable}
+    if len(sizes) > 1:
+        raise PlannerInputError("LoRA's trainable tensors have several dtypes: the CUDA step is not modelled for that")
+    dtype = Precision.BF16 if sizes == {2} else Precision.FP32
+    params = tuple(ParamTensor(name, dims) for name, dims, _ in trainable)
+    return optimizer_step_transient_bytes(compute_parameter_stats(params), scenario.optimizer, dtype, Device.CUDA)
+
+
 def _adapter_states(shape: ModelShape, scenario: Scenario) -> tuple[int, int, int, int, int]:
     """(weights, gradients, optimizer state, trainable parameters, frozen weight bytes) of LoRA:
     the frozen base and the adapters as PEFT builds them, gradients and state for the
@@ -222,22 +249,33 @@ def _adapter_states(shape: ModelShape, scenario: Scenario) -> tuple[int, int, in
         raise PlannerInputError("LoRA is planned from the model's config: load the model from a config")
     dtype = "bfloat16" if scenario.precision is Precision.BF16 else "float32"
     count = adapter_count(shape.source_config, scenario.task, scenario.num_labels, scenario.finetune, dtype)
-    on_device = allocation(scenario.device)
-    weights = (count.all_bytes + on_device(shape.float_buffer_elements * 4) + on_device(shape.other_buffer_bytes))
+    on_device = allocation(scenario.device)  # each tensor in 512-byte blocks on CUDA
+    weights = (sum(on_device(n) for n in count.parameter_bytes) + on_device(shape.float_buffer_elements * 4)
+               + on_device(shape.other_buffer_bytes))
+    gradients = sum(on_device(math.prod(dims) * size) for _, dims, size in count.trainable)
     state = tensor_state_bytes(count.trainable, scenario.optimizer, scenario.device, scenario.engine)
-    return weights, count.trainable_bytes, state, count.trainable_parameters, count.all_bytes - count.trainable_bytes
+    return weights, gradients, state, count.trainable_parameters, count.all_bytes - count.trainable_bytes
 
 
 def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     """LoRA: exact states, and every activation and gradient moment from the probe of the
     PEFT-wrapped model (frozen linears saving their inputs, adapters' dropout and A-path)."""
-    if scenario.device is not Device.CPU:
-        raise PlannerInputError("LoRA is planned from the probe, which runs CPU kernels: use --device cpu "
-                                "(CUDA's kernels for adapters are not modelled yet)")
     if scenario.finetune.method is Method.QLORA:
         raise PlannerInputError("QLoRA's activations are not probed yet: use --finetune lora")
     weights, gradients, state, trainable, frozen = _adapter_states(shape, scenario)
-    probed = _probed_phases(shape, scenario, weights, state)
+    step = None
+    notes: tuple[str, ...] = ()
+    if scenario.device is Device.CUDA:
+        from planner.adapters import adapter_count
+        from planner.probe.cache import CUDA_PROBE_ARCH
+
+        dtype = "bfloat16" if scenario.precision is Precision.BF16 else "float32"
+        count = adapter_count(shape.source_config, scenario.task, scenario.num_labels, scenario.finetune, dtype)
+        step = _adapter_step_bytes(count.trainable, scenario)
+        notes = (f"LoRA on CUDA: activations probed with {CUDA_PROBE_ARCH}'s CUDA kernels on fake tensors "
+                 "(planner/probe/fake_cuda.py, not yet measured on a GPU), each saved tensor at its exact size "
+                 "(the caching allocator's 512-byte blocks are not added to them).",)
+    probed = _probed_phases(shape, scenario, weights, state, step)
     if isinstance(probed, str):
         raise PlannerInputError(f"LoRA cannot be planned for {shape.name}: the probe could not run it ({probed})")
     phases, activations_bytes, on_real_tensors = probed
@@ -245,7 +283,7 @@ def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         model_name=shape.name, architecture=shape.architecture, num_parameters=shape.stats.num_elements,
         scenario=scenario, weights_bytes=weights, gradients_bytes=gradients, optimizer_state_bytes=state,
         activations_bytes=activations_bytes, phases=phases, profile=activation_profile(shape, scenario),
-        confidence=Confidence.PROBED_REAL if on_real_tensors else Confidence.PROBED, notes=(),
+        confidence=Confidence.PROBED_REAL if on_real_tensors else Confidence.PROBED, notes=notes,
         trainable_parameters=trainable, frozen_weight_bytes=frozen)
 
 

@@ -60,7 +60,8 @@ def base(task="causal-lm", seq_len=256, **overrides):
 
 
 def test_options_are_ranked_and_carry_the_fields(gpt2):
-    result = find_fits(gpt2, base(), 8 * GIB, FitTarget(256, effective_batch=32), A10)
+    # Full fine-tuning's grid (LoRA plans are searched beside it: tests below).
+    result = find_fits(gpt2, base(), 8 * GIB, FitTarget(256, effective_batch=32), A10, lora=False)
     assert result.ranked_by == "fewest and safest changes to your plan, then step time" and result.options
     keys = [(change_rank(o.changes), o.step_time_s) for o in result.options]
     assert keys == sorted(keys)
@@ -77,7 +78,7 @@ def test_options_are_ranked_and_carry_the_fields(gpt2):
 
 def test_a_gpu_without_bf16_is_offered_fp16_mixed_and_never_bf16(gpt2):
     target = FitTarget(256, effective_batch=32)
-    t4 = find_fits(gpt2, base(), 8 * GIB, target, GPUS["t4"])
+    t4 = find_fits(gpt2, base(), 8 * GIB, target, GPUS["t4"], lora=False)
     assert not GPUS["t4"].supports_bf16 and t4.options
     assert {o.scenario.precision for o in t4.options} == {Precision.FP32, Precision.FP16_MIXED}
     assert t4.combinations == 4 * 2 * 2 * 6  # fp32 and fp16-mixed only
@@ -178,9 +179,10 @@ def test_cli_fit_json_and_errors(capsys):
 def test_search_is_fast_for_7b_on_24gb():
     shape = load_model_shape("llama-2-7b", Task.CAUSAL_LM)
     target = FitTarget(2048, effective_batch=64)
-    find_fits(shape, base(seq_len=2048), GPUS["a10"].capacity_bytes, target, GPUS["a10"])  # warm
+    # Full fine-tuning's grid: LoRA's plans probe the model first (once per technique class).
+    find_fits(shape, base(seq_len=2048), GPUS["a10"].capacity_bytes, target, GPUS["a10"], lora=False)  # warm
     started = time.perf_counter()
-    find_fits(shape, base(seq_len=2048), GPUS["a10"].capacity_bytes, target, GPUS["a10"])
+    find_fits(shape, base(seq_len=2048), GPUS["a10"].capacity_bytes, target, GPUS["a10"], lora=False)
     assert time.perf_counter() - started < 0.1
 
 
@@ -284,12 +286,15 @@ def test_report_lists_the_nearest_plans_when_nothing_fits(tmp_path):
     for row in report["what_fits_nearest"]:
         plan = scenario_from_values(task="causal-lm", batch_size=row["micro-batch"], seq_len=512,
                                     optimizer=row["optimizer"], precision=row["precision"],
-                                    gradient_checkpointing=row["checkpointing"], grad_accum=row["accumulation"])
+                                    gradient_checkpointing=row["checkpointing"], grad_accum=row["accumulation"],
+                                    finetune=row["method"].split()[0])  # "lora r16"
         assert row["over by (bytes)"] == estimate(shape, plan).peak_bytes - room > 0
     filled = json.loads(write_report({**values, "gpu": "0.5"}, tmp_path / "small.json").read_text())
     assert filled["what_fits"] == [] and filled["what_fits_nearest"] == []
     assert filled["what_fits_left_out"][0].startswith("the CUDA overheads alone")
-    assert any(line.startswith("LoRA plans left out") for line in report["what_fits_left_out"])
+    # LoRA is planned on CUDA (probed with CUDA's kernels), QLoRA not yet.
+    assert any(line.startswith("QLoRA plans left out") for line in report["what_fits_left_out"])
+    assert not any(line.startswith("LoRA plans left out") for line in report["what_fits_left_out"])
     markdown = write_report(values, tmp_path / "plan.md").read_text()
     assert "The nearest plans" in markdown and "| over by (%) |" in markdown
 
@@ -416,9 +421,10 @@ def test_nothing_fits_lists_the_nearest_plans_and_their_misses(gpt2, capsys):
     assert misses == sorted(misses)
     # The nearest is the lowest peak of every non-risky combination, recomputed here.
     lowest = min(estimate(gpt2, dataclasses.replace(own, optimizer=o, precision=p, checkpointing=c,
-                                                    batch_size=4 // k, grad_accum_steps=k)).peak_bytes
+                                                    batch_size=4 // k, grad_accum_steps=k, finetune=f)).peak_bytes
                  for o in (Optimizer.ADAMW, Optimizer.ADAMW8BIT, Optimizer.HF_ADAFACTOR)
-                 for p in (Precision.FP32, Precision.BF16_MIXED) for c in Checkpointing for k in (1, 2, 4))
+                 for p in (Precision.FP32, Precision.BF16_MIXED) for c in Checkpointing for k in (1, 2, 4)
+                 for f in (FineTune(), FineTune(Method.LORA)))  # LoRA is planned on CUDA too
     assert result.nearest[0].peak_bytes == lowest
     # The CLI prints them (and, as JSON, marks them as not fitting), on a GPU whose CUDA
     # overheads (planner.cuda_overheads, an A10's) leave the same 600 MiB.
@@ -436,8 +442,8 @@ def test_nothing_fits_lists_the_nearest_plans_and_their_misses(gpt2, capsys):
 
 def test_lora_plans_beside_full_ones_where_the_estimate_plans_them():
     """Device cpu: LoRA plans (PEFT's default r 16, all-linear) rank after every full plan
-    (they train other parameters), each peak the estimate's. Device cuda: left out, saying
-    the estimate's own reason; QLoRA likewise."""
+    (they train other parameters), each peak the estimate's; QLoRA left out with the
+    estimate's own reason. Device cuda likewise."""
     name = "tiny-gpt2"
     own = base(seq_len=SEQ, device="cpu", batch_size=2)
     shape = model_shape_for_config(tiny_config(name), own.task, own.num_labels, name)
@@ -449,8 +455,10 @@ def test_lora_plans_beside_full_ones_where_the_estimate_plans_them():
         assert option.changes[0].text == "fine-tuning full -> lora r16" and option.changes[0].cost is Cost.METHOD
         assert option.peak_bytes == estimate(shape, option.scenario).peak_bytes
     assert [line.split(":")[0] for line in result.left_out] == ["QLoRA plans left out"]
+    # Device cuda: LoRA is probed with CUDA's kernels (tests/test_lora.py), QLoRA is refused.
     with pytest.raises(PlannerInputError) as refused:
-        estimate(shape, dataclasses.replace(own, device=Device.CUDA, finetune=FineTune(Method.LORA)))
+        estimate(shape, dataclasses.replace(own, device=Device.CUDA, finetune=FineTune(Method.QLORA)))
     on_cuda = find_fits(shape, dataclasses.replace(own, device=Device.CUDA), GIB, FitTarget(SEQ, batch_size=2), A10)
-    assert f"LoRA plans left out: {refused.value}" in on_cuda.left_out
-    assert not [o for o in on_cuda.options if o.scenario.finetune.uses_adapters]
+    assert on_cuda.left_out == (f"QLoRA plans left out: {refused.value}",)
+    cuda_lora = [o for o in on_cuda.options if o.scenario.finetune.uses_adapters]
+    assert cuda_lora and all(o.peak_bytes == estimate(shape, o.scenario).peak_bytes for o in cuda_lora)

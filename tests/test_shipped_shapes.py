@@ -62,6 +62,30 @@ def test_shipped_shapes_for_other_tasks_and_label_counts():
         _same(shipped_shape(_source(name), task, labels, name), built)
 
 
+def test_shipped_adapter_counts_equal_peft_s_own():
+    """Random catalog models at their default task: the shipped count (or refusal) is PEFT's."""
+    from planner.adapters import built_adapter_count
+    from planner.finetune import FineTune, Method
+    from planner.shipped_adapters import SHIPPED_DTYPES, shipped_count
+
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    finetune = FineTune(method=Method.LORA)
+    for name in rng.sample(list(catalog_entries()), 4):
+        task, dtype = catalog_entries()[name].default_task, rng.choice(SHIPPED_DTYPES)
+        try:
+            built = built_adapter_count(_source(name), task, 2, finetune, dtype)
+        except PlannerInputError as error:
+            with pytest.raises(PlannerInputError) as shipped_error:
+                shipped_count(_source(name), task, 2, finetune, dtype)
+            assert str(shipped_error.value) == str(error), f"seed {seed}: {name}"
+            continue
+        assert shipped_count(_source(name), task, 2, finetune, dtype) == built, f"seed {seed}: {name} {dtype}"
+    # Other settings are not shipped: they are built.
+    assert shipped_count(_source("gpt2"), Task.CAUSAL_LM, 2, FineTune(method=Method.LORA, lora_r=8), "float32") is None
+
+
 def test_a_shape_built_under_another_transformers_is_not_read(tmp_path, monkeypatch):
     import planner.shipped_shapes as shipped
 
@@ -75,6 +99,8 @@ def test_a_shape_built_under_another_transformers_is_not_read(tmp_path, monkeypa
 
 
 def test_planning_a_catalog_model_imports_neither_torch_nor_transformers():
+    """An estimate, the largest batch and sequence, and What fits' search with its LoRA plans
+    (the dashboard's default model, which PEFT refuses all-linear LoRA for)."""
     script = (
         "import sys\n"
         "from planner.loading import load_model_shape\n"
@@ -85,6 +111,12 @@ def test_planning_a_catalog_model_imports_neither_torch_nor_transformers():
         "scenario = scenario_from_values(task='causal-lm', batch_size=4, seq_len=512)\n"
         "estimate(shape, scenario)\n"
         "fit_limits(shape, scenario, 80 * 2**30)\n"
+        "from planner.fit import FitTarget, find_fits\n"
+        "from planner.gpus import GPUS\n"
+        "bert = load_model_shape('distilbert-base-cased', Task.SEQUENCE_CLASSIFICATION)\n"
+        "base = scenario_from_values(task='sequence-classification', batch_size=8, seq_len=512)\n"
+        "fits = find_fits(bert, base, 15 * 2**30, FitTarget(seq_len=512, effective_batch=8), GPUS['t4'])\n"
+        "assert any('LoRA plans left out: PEFT refuses' in line for line in fits.left_out), fits.left_out\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from planner.model_shape import ModelShape
 from planner.probe.table import ProbeTable
-from planner.scenario import Checkpointing, Engine, Scenario, Task
+from planner.scenario import Checkpointing, Device, Engine, Scenario, Task
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "catalog" / "probes"
 # Bumped whenever what a probe records or how it is solved changes: older tables are not read.
@@ -60,6 +60,18 @@ def _finetune_parts(scenario: Scenario) -> list[str]:
             f":targets={method.targets_text}", f"peft={metadata.version('peft')}"]
 
 
+# CUDA plans are probed with the CUDA kernels of one architecture (planner.probe.fake_cuda):
+# the scenario names a device kind, not a GPU. On sm80 and later, flash attention takes what
+# SDPA can give it, as on the A100, H100 and the 24 GB cards; a T4 (sm75) would take the
+# memory-efficient kernel, whose log-sum-exp is padded to 32 rows.
+CUDA_PROBE_ARCH = "sm80"
+
+
+def probe_gpu(scenario: Scenario) -> str | None:
+    """The GPU architecture whose kernels a probe of `scenario` takes; None, the CPU's."""
+    return CUDA_PROBE_ARCH if scenario.device is Device.CUDA else None
+
+
 def technique_key(shape: ModelShape, scenario: Scenario) -> str:
     labels = scenario.num_labels if scenario.task is Task.SEQUENCE_CLASSIFICATION else 0
     parts = [scenario.task.value, f"labels={labels}", scenario.precision.value,
@@ -67,7 +79,9 @@ def technique_key(shape: ModelShape, scenario: Scenario) -> str:
              scenario.attention.value, scenario.engine.value,
              "window-reached" if window_exceeded(shape, scenario) else "within-window",
              *(["batch-1"] if scenario.batch_size == 1 else []),  # other keys stay as they were
-             *_finetune_parts(scenario), f"probe-format={PROBE_FORMAT}", library_versions()]
+             *_finetune_parts(scenario),
+             *([f"cuda-kernels={probe_gpu(scenario)}"] if scenario.device is Device.CUDA else []),
+             f"probe-format={PROBE_FORMAT}", library_versions()]
     return "|".join(parts)
 
 
@@ -108,11 +122,15 @@ def _compute(shape: ModelShape, scenario: Scenario, key: str) -> ProbeTable:
     layout = layout_for(config)
     _report(f"probing {shape.name} ({key.rsplit('|', 1)[0]}): the model's own step on fake tensors")
     exceeded = window_exceeded(shape, scenario)
+    gpu = probe_gpu(scenario)
     try:
-        return solve(record_probes(config_dict, config, scenario, layout, exceeded, _report), layout, key)
+        return solve(record_probes(config_dict, config, scenario, layout, exceeded, _report, gpu=gpu), layout, key)
     except ProbeUnsupported:
         raise
     except Exception as error:
+        if gpu is not None:  # CUDA's kernels are taken on fake tensors only
+            raise ProbeUnsupported(f"fake tensors cannot run the model's step with CUDA's kernels "
+                                   f"({type(error).__name__}: {str(error).splitlines()[0][:80]})") from None
         # The model's code reads tensor values (a nonzero() in its loss) or has no fake kernel
         # for this case (a mixture of experts' fp32 grouped matmul): real tensors, if they fit.
         needed = 4 * 4 * _reduced_parameters(shape, len(layout.probed))  # fp32 weights, gradients, init, slack
