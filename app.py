@@ -1,14 +1,14 @@
 """Training memory planner dashboard: `streamlit run app.py`.
 
 Holds the page config, the sidebar inputs every page shares (defined once, here, each
-keyed by its app_pages.inputs.SidebarValues field name) and the st.navigation router
+keyed by its views.inputs.SidebarValues field name) and the st.navigation router
 over app_pages/ (not pages/: Streamlit's automatic pages/ folder and st.navigation
 together break shared sidebars). Pages read the sidebar with SidebarValues.from_state.
 """
 
 import streamlit as st
 
-from app_pages.inputs import (
+from views.inputs import (
     CUSTOM_GPU,
     DEFAULTS,
     GPU_PRESETS,

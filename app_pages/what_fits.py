@@ -5,12 +5,12 @@ time with the capacity line, and "apply this plan", which writes the chosen comb
 into the shared sidebar controls. Changes that risk model quality are left out unless the
 checkbox allows them; when nothing fits, the nearest plans and how far over each is.
 
-Layout only: numbers come from planner.fit, the rows from reporting.fit_table.
+Layout only: numbers come from planner.fit, the rows from views.fit_table.
 """
 
 import streamlit as st
 
-from app_pages.figures import fit_options_figure
+from views.figures import fit_options_figure
 from app_pages.fit_view import (
     TARGET_LABELS,
     TargetKind,
@@ -20,14 +20,14 @@ from app_pages.fit_view import (
     plan_state,
     target_for,
 )
-from app_pages.inputs import preset_gpu
+from views.inputs import preset_gpu
 from app_pages.page_context import start_page
 from planner.errors import PlannerInputError
 from planner.fit import FIT_ERROR_MARGIN, find_fits
 from planner.step_time import DEFAULT_UTILISATION
 from planner.units import format_bytes
 from planner.verdict import room_for_plans, searchable_budget_bytes
-from reporting.fit_table import changes_text, fit_rows, nearest_rows, risks_text
+from views.fit_table import changes_text, fit_rows, nearest_rows, risks_text
 
 # Fifteen columns share the page's width (about 980 px beside the sidebar in a 1,440 px
 # window): widths in pixels and short headers (full names in their help), so none is cut

@@ -9,7 +9,6 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app_pages.fit_view import gpu_for, option_label, plan_state, target_for
-from app_pages.inputs import DEFAULTS, GPU_PRESET_KEYS, SidebarValues, capacity_bytes, scenario_for
 from planner.cuda_overheads import cuda_overheads
 from planner.estimate import estimate
 from planner.fit import find_fits
@@ -19,6 +18,7 @@ from planner.parallel import parallel_estimate
 from planner.scenario import Task, scenario_from_values
 from planner.strategy import ParallelPlan
 from planner.units import format_bytes
+from views.inputs import DEFAULTS, GPU_PRESET_KEYS, SidebarValues, capacity_bytes, scenario_for
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 TABLE_WIDTH_PX = 980  # a table's width in a 1,440 px browser window beside the sidebar (wide layout)
