@@ -1,14 +1,18 @@
 """Training memory planner dashboard: `streamlit run app.py`.
 
 Holds the page config, the sidebar inputs every page shares (defined once, here, each
-keyed by its app_pages.inputs.SidebarValues field name) and the st.navigation router
+keyed by its views.inputs.SidebarValues field name) and the st.navigation router
 over app_pages/ (not pages/: Streamlit's automatic pages/ folder and st.navigation
 together break shared sidebars). Pages read the sidebar with SidebarValues.from_state.
 """
 
 import streamlit as st
 
-from app_pages.inputs import (
+from app_pages.query_state import decode_with_rejects, encode, rejects_warning
+from planner.catalog import catalog_entries
+from planner.scenario import Attention, Device, Precision, Task
+from planner.units import format_bytes
+from views.inputs import (
     CUSTOM_GPU,
     DEFAULTS,
     GPU_PRESETS,
@@ -21,10 +25,6 @@ from app_pages.inputs import (
     default_task,
     uploaded_task,
 )
-from app_pages.query_state import decode_with_rejects, encode, rejects_warning
-from planner.catalog import catalog_entries
-from planner.scenario import Attention, Device, Precision, Task
-from planner.units import format_bytes
 
 # An emoji favicon is drawn in the browser (an inline SVG); a ":material/...:" one is fetched
 # from fonts.gstatic.com on every page load, which fails offline.

@@ -1,12 +1,11 @@
-"""Dashboard pages (run by app.py's st.navigation router) and the plain modules they use.
+"""Dashboard pages (run by app.py's st.navigation router): widgets and layout only.
 
-Pages: plan.py, what_fits.py, techniques.py, verify.py, report.py.
-Plain modules, with no Streamlit: inputs.py (sidebar values -> planner inputs),
-query_state.py (sidebar values <-> the URL query string), breakdown.py (tables and the
-fits verdict; the largest batch / sequence and the fit finder are planner.fit), comparison.py (the
-lessons' techniques side by side), verify_results.py (verification requests, run history
-tables), run_queue.py (the process-wide verification queue), history_access.py (reading
-the run history), figures.py (plotly figures). The report builder is the top-level
-`reporting` package.
+Pages: plan.py, what_fits.py, techniques.py, multi_gpu.py, verify.py, report.py.
+What a page shows and a report shows too (tables, figures, escaping, the sidebar's values
+and GPU presets, the run history) is built in `views`, beneath both; the report itself is
+`reporting`. Nothing beneath this package imports it (tests/test_layers.py).
+Page-only plain modules, with no Streamlit: query_state.py (sidebar values <-> the URL
+query string), fit_view.py (the What fits page's target and "apply this plan"),
+run_queue.py (the process-wide verification queue).
 Streamlit glue shared by pages: model_cache.py, page_context.py.
 """

@@ -1,16 +1,16 @@
 """The "What fits" page's plain logic, with no Streamlit: the fit finder's target and GPU
 from the sidebar, and an option as the sidebar values that "apply this plan" writes back.
-The table rows are reporting.fit_table's, shared with the report."""
+The table rows are views.fit_table's, shared with the report."""
 
 from __future__ import annotations
 
 import enum
 
-from app_pages.inputs import SidebarValues, preset_gpu
 from planner.fit import FitOption, FitTarget
 from planner.gpus import GpuSpec, nearest_gpu
 from planner.scenario import Checkpointing
 from planner.strategy import Strategy
+from views.inputs import SidebarValues, preset_gpu
 
 
 class TargetKind(enum.Enum):

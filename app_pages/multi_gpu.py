@@ -3,7 +3,7 @@ each strategy (DDP, ZeRO 1-3, FSDP2), per-GPU memory and traffic per optimizer s
 against local SGD, a distributed run queued from here (N ranks under torchrun, followed
 live), and distributed runs from the history beside their estimates.
 
-Layout only: numbers, tables and figures come from app_pages.multi_gpu_figures; refusals
+Layout only: numbers, tables and figures come from views.multi_gpu_figures; refusals
 from runners.launch.plan_distributed; the queue is app_pages.run_queue.
 """
 
@@ -12,10 +12,18 @@ import uuid
 
 import streamlit as st
 
-from app_pages.escaping import markdown_text
-from app_pages.history_access import recent_runs
 from app_pages.model_cache import cached_model_shape
-from app_pages.multi_gpu_figures import (
+from app_pages.page_context import rerun_when_a_run_finishes, start_page
+from app_pages.run_queue import Distributed, get_queue
+from planner.errors import PlannerInputError
+from planner.strategy import MAX_DEVICES, Strategy
+from planner.units import format_bytes
+from runners.launch import plan_distributed
+from runners.request import VERIFIED_STRATEGIES
+from runners.unrecorded import unrecorded_note
+from views.escaping import markdown_text
+from views.history_access import recent_runs
+from views.multi_gpu_figures import (
     DEFAULT_GPUS,
     DEFAULT_RUN_STEPS,
     collectives_table,
@@ -29,15 +37,7 @@ from app_pages.multi_gpu_figures import (
     memory_table,
     strategy_estimates,
 )
-from app_pages.page_context import rerun_when_a_run_finishes, start_page
-from app_pages.run_queue import Distributed, get_queue
-from app_pages.verify_results import plan_request
-from planner.errors import PlannerInputError
-from planner.strategy import MAX_DEVICES, Strategy
-from planner.units import format_bytes
-from runners.launch import plan_distributed
-from runners.request import VERIFIED_STRATEGIES
-from runners.unrecorded import unrecorded_note
+from views.verify_results import plan_request
 
 BYTES = st.column_config.NumberColumn(format="localized")
 PERCENT = st.column_config.NumberColumn(format="%.1f%%")

@@ -12,9 +12,6 @@ from typing import TypeVar
 
 import streamlit as st
 
-from app_pages.escaping import markdown_text
-from app_pages.inputs import (ModelSource, SidebarValues, base_values, capacity_bytes, model_config,
-                              parallel_plan_for, scenario_for)
 from app_pages.model_cache import cached_model_shape
 from planner.config_task import config_task
 from planner.errors import PlannerInputError
@@ -24,6 +21,9 @@ from planner.parallel import ParallelEstimate, parallel_estimate
 from planner.probe.cache import is_ready, probe_progress
 from planner.scenario import Device, Scenario
 from planner.strategy import ParallelPlan
+from views.escaping import markdown_text
+from views.inputs import (ModelSource, SidebarValues, base_values, capacity_bytes, model_config,
+                              parallel_plan_for, scenario_for)
 
 
 @dataclass(frozen=True)

@@ -2,19 +2,19 @@
 category, whether it fits the chosen GPU and by how much, where and why the peak is, the
 largest batch size and sequence length that fit, and peak against batch size per technique.
 
-Layout only: numbers come from planner.estimate and the plain app_pages modules.
+Layout only: numbers come from planner.estimate and the shared tables and figures in views.
 """
 
 import streamlit as st
 
-from app_pages.breakdown import breakdown_table, verdict_for, verdict_table
-from app_pages.comparison import batch_sizes_for_chart, memory_vs_batch
-from app_pages.figures import memory_vs_batch_figure, phase_breakdown_figure
-from app_pages.inputs import preset_gpu, total_capacity_bytes
 from app_pages.page_context import cached_for_scenario, start_page
 from planner.fit import fit_limits
 from planner.units import format_bytes
 from planner.verdict import tensor_budget_bytes
+from views.breakdown import breakdown_table, verdict_for, verdict_table
+from views.comparison import batch_sizes_for_chart, memory_vs_batch
+from views.figures import memory_vs_batch_figure, phase_breakdown_figure
+from views.inputs import preset_gpu, total_capacity_bytes
 
 
 def render() -> None:

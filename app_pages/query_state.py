@@ -13,7 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from app_pages.inputs import (
+from planner.catalog import catalog_entries
+from planner.scenario import Attention, Device, Task
+from views.inputs import (
     DEFAULTS,
     GPU_PRESETS,
     MAXIMA,
@@ -22,8 +24,6 @@ from app_pages.inputs import (
     PRECISION_LABELS,
     STRATEGY_LABELS,
 )
-from planner.catalog import catalog_entries
-from planner.scenario import Attention, Device, Task
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "model_source": tuple(MODEL_SOURCE_LABELS),

@@ -6,14 +6,14 @@ Layout only: reporting.build_report computes, reporting.render_report writes.
 
 import streamlit as st
 
-from app_pages.breakdown import peak_bytes
-from app_pages.history_access import recent_runs
-from app_pages.inputs import preset_gpu, total_capacity_bytes
 from app_pages.page_context import start_page
 from planner.errors import PlannerInputError
 from planner.units import format_bytes
 from reporting import build_report, render_report
 from reporting.build import MIME_TYPES, export_file_name
+from views.breakdown import peak_bytes
+from views.history_access import recent_runs
+from views.inputs import preset_gpu, total_capacity_bytes
 
 # Short labels: four buttons share the page's width; what each file holds is in its help.
 FORMAT_LABELS = {"html": "HTML", "md": "Markdown", "csv": "CSV", "json": "JSON"}

@@ -2,15 +2,15 @@
 estimated side by side (and measured, where the run history holds a run of exactly that
 scenario), with the saving against the AdamW fp32 baseline and what each costs.
 
-Layout only: rows come from app_pages.comparison, figures from app_pages.figures.
+Layout only: rows come from views.comparison, figures from views.figures.
 """
 
 import streamlit as st
 
-from app_pages.comparison import accumulation_note, compare_techniques, comparison_table
-from app_pages.figures import technique_bars_figure
-from app_pages.history_access import recent_runs
 from app_pages.page_context import start_page
+from views.comparison import accumulation_note, compare_techniques, comparison_table
+from views.figures import technique_bars_figure
+from views.history_access import recent_runs
 
 
 def render() -> None:

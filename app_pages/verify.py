@@ -2,7 +2,7 @@
 Techniques page) one at a time, follow them live, compare estimate with measurement per
 category and per technique, and browse the run history.
 
-Layout only: the queue is app_pages.run_queue, data shaping app_pages.verify_results.
+Layout only: the queue is app_pages.run_queue, data shaping views.verify_results.
 """
 
 import dataclasses
@@ -10,12 +10,17 @@ import uuid
 
 import streamlit as st
 
-from app_pages.escaping import markdown_text
-from app_pages.figures import category_comparison_figure, estimate_vs_measured_scatter, technique_bars_figure
-from app_pages.history_access import recent_runs
 from app_pages.page_context import estimate_with_progress, rerun_when_a_run_finishes, start_page
 from app_pages.run_queue import get_queue
-from app_pages.verify_results import (
+from planner.errors import PlannerInputError
+from planner.units import format_bytes
+from runners.history import RunMode, RunStatus
+from runners.verify import cuda_is_likely_available
+from runners.unrecorded import unrecorded_note
+from views.escaping import markdown_text
+from views.figures import category_comparison_figure, estimate_vs_measured_scatter, technique_bars_figure
+from views.history_access import recent_runs
+from views.verify_results import (
     MODES,
     category_values,
     filter_history,
@@ -25,11 +30,6 @@ from app_pages.verify_results import (
     scatter_points,
     technique_requests,
 )
-from planner.errors import PlannerInputError
-from planner.units import format_bytes
-from runners.history import RunMode, RunStatus
-from runners.verify import cuda_is_likely_available
-from runners.unrecorded import unrecorded_note
 
 MODE_HELP = ("auto: CUDA when there is a GPU, else a real CPU run when it fits in free RAM, else simulate. "
              "simulate: fake tensors, nothing allocated, so any model size can be checked on this machine.")

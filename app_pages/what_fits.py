@@ -5,12 +5,11 @@ time with the capacity line, and "apply this plan", which writes the chosen comb
 into the shared sidebar controls. Changes that risk model quality are left out unless the
 checkbox allows them; when nothing fits, the nearest plans and how far over each is.
 
-Layout only: numbers come from planner.fit, the rows from reporting.fit_table.
+Layout only: numbers come from planner.fit, the rows from views.fit_table.
 """
 
 import streamlit as st
 
-from app_pages.figures import fit_options_figure
 from app_pages.fit_view import (
     TARGET_LABELS,
     TargetKind,
@@ -20,14 +19,15 @@ from app_pages.fit_view import (
     plan_state,
     target_for,
 )
-from app_pages.inputs import preset_gpu
 from app_pages.page_context import cached_for_scenario, start_page
 from planner.errors import PlannerInputError
 from planner.fit import FIT_ERROR_MARGIN, find_fits
 from planner.step_time import DEFAULT_UTILISATION
 from planner.units import format_bytes
 from planner.verdict import room_for_plans, searchable_budget_bytes
-from reporting.fit_table import changes_text, fit_rows, nearest_rows, risks_text
+from views.figures import fit_options_figure
+from views.fit_table import changes_text, fit_rows, nearest_rows, risks_text
+from views.inputs import preset_gpu
 
 # Fifteen columns share the page's width (about 980 px beside the sidebar in a 1,440 px
 # window): widths in pixels and short headers (full names in their help), so none is cut
@@ -90,6 +90,10 @@ def render() -> None:
     allow_risky = st.checkbox("Allow changes that risk model quality", value=False, key="fit_allow_risky",
                               help="Pure bf16 (no fp32 master weights) and SGD for a language model: "
                                    "proposed only when allowed, labelled, and ranked after every safe plan.")
+    search_adapters = st.checkbox(
+        "Search LoRA and QLoRA plans", value=True, key="fit_search_adapters",
+        help="A model's first LoRA plans probe its training step with the adapters once per technique class "
+             "(seconds for a small model, a minute or more for a 7B one on two cores); later searches use the cache.")
     gpu = gpu_for(values, capacity)
     try:
         target = target_for(values, kind)
@@ -99,8 +103,9 @@ def render() -> None:
         result = cached_for_scenario(
             context, "what fits",
             lambda: find_fits(shape, context.scenario, capacity, target, gpu, values.gpu_count, utilisation,
-                              allow_risky=allow_risky, strategy=context.parallel.strategy, room_for=room_for),
-            kind, utilisation, allow_risky)
+                              allow_risky=allow_risky, strategy=context.parallel.strategy, room_for=room_for,
+                              lora=search_adapters),
+            kind, utilisation, allow_risky, search_adapters)
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")
         return
@@ -144,7 +149,9 @@ def render() -> None:
 
 
 def _captions(result) -> None:
-    for line in (*result.left_out, *result.notes):
+    unsearched = () if st.session_state.get("fit_search_adapters", True) else (
+        "LoRA and QLoRA plans not searched: tick “Search LoRA and QLoRA plans” to include them.",)
+    for line in (*unsearched, *result.left_out, *result.notes):
         st.caption(line)
 
 

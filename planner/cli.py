@@ -1,6 +1,8 @@
-"""Command line: `python -m planner estimate|batch|fit|report|catalog` (interfaces in ../shared/DESIGN.md).
+"""Command line: `python -m planner estimate|batch|fit|catalog` (interfaces in ../shared/DESIGN.md).
 
 Errors are one line on stderr saying what is wrong and what to do, with exit status 2.
+Tools above the planner reuse its scenario flags (add_scenario_flags), its one-line parser
+and its way of ending a command (run_guarded), so they read and fail alike.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from planner.batch import (
@@ -177,18 +180,6 @@ def _build_parser() -> argparse.ArgumentParser:
     one.add_argument("--json", action="store_true", help="print one JSON object (integer bytes)")
     many = commands.add_parser("batch", help="estimate one scenario per line of a JSONL file")
     many.add_argument("file", help="JSONL file, one scenario object per line")
-    report = commands.add_parser("report", help="write the plan, its technique comparison and runs as a file")
-    add_scenario_flags(report)
-    report.add_argument("--out", required=True, help="FILE.html, FILE.md, FILE.csv or FILE.json")
-    report.add_argument("--gpu", help="GPU preset name or capacity in GiB, for the fits / does not fit verdict")
-    report.add_argument("--gpu-count", default="1", help="number of GPUs")
-    report.add_argument("--strategy", default=Strategy.DDP.value, choices=[s.value for s in MULTI_DEVICE_STRATEGIES],
-                        help="what each GPU holds when --gpu-count > 1 (default ddp): the plan is per GPU under it")
-    report.add_argument("--run-steps", default=None,
-                        help="optimizer steps the Multiple GPUs section's local SGD comparison counts over "
-                             "(default 1000; with --gpu-count above 1)")
-    report.add_argument("--local-sgd-steps", default=None,
-                        help="a local SGD period K to add to the comparison's K = 1, 2, 4, 8, 16, 32")
     fits = commands.add_parser("fit", help="rank the technique combinations that fit a GPU (planner.fit)")
     add_fit_flags(fits)
     listing = commands.add_parser("catalog", help="list the bundled models")
@@ -370,16 +361,6 @@ def _run_batch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_report(args: argparse.Namespace) -> int:
-    from reporting import write_report
-
-    if args.finetune != Method.FULL.value:
-        raise PlannerInputError("reports compare full fine-tuning techniques only so far: "
-                                "plan LoRA with `python -m planner estimate --finetune lora`")
-    print(write_report(vars(args), args.out))
-    return 0
-
-
 def _changes_cell(changes) -> str:
     return "; ".join(c.text for c in changes) if changes else "none (your plan)"
 
@@ -536,21 +517,31 @@ def _run_catalog(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
+    def command() -> int:
         args = _build_parser().parse_args(argv)
-        handler = {"estimate": _run_estimate, "batch": _run_batch, "fit": _run_fit, "report": _run_report,
+        handler = {"estimate": _run_estimate, "batch": _run_batch, "fit": _run_fit,
                    "catalog": _run_catalog}[args.command]
+        return handler(args)
+
+    return run_guarded("planner", command)
+
+
+def run_guarded(tool: str, command: Callable[[], int]) -> int:
+    """Run one command line's work (parsing included) and answer its exit status: bad input
+    is one line on stderr, `tool: error: ...`, and status 2; a closed pipe ends quietly
+    (141), Ctrl-C with 130."""
+    try:
         # A config never probed before is probed once (seconds): say what is happening.
-        with probe_progress(lambda message: print(f"planner: {message}", file=sys.stderr, flush=True)):
-            return handler(args)
+        with probe_progress(lambda message: print(f"{tool}: {message}", file=sys.stderr, flush=True)):
+            return command()
     except PlannerInputError as error:
-        print(f"planner: error: {clipped(str(error))}", file=sys.stderr)
+        print(f"{tool}: error: {clipped(str(error))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as `cat` does
         quiet_stdout()
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
-        print("planner: interrupted", file=sys.stderr)
+        print(f"{tool}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

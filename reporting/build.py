@@ -1,7 +1,7 @@
 """The report's content (build_report) and its four renderings (render_report).
 
 All user-supplied text (model and file names, run reasons, notes) is escaped for the
-channel it lands in (app_pages.escaping): html.escape in HTML, Plotly's pseudo-HTML in the
+channel it lands in (views.escaping): html.escape in HTML, Plotly's pseudo-HTML in the
 charts (by the figure builders), every markup character in Markdown, and formula prefixes
 (= + - @ tab CR) in CSV cells.
 Raw bytes are kept in every format; formatted sizes (binary units) sit beside them.
@@ -22,24 +22,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from app_pages.breakdown import breakdown_table, verdict_for
-from app_pages.comparison import (
-    TechniqueRow,
-    accumulation_note,
-    batch_sizes_for_chart,
-    compare_techniques,
-    comparison_table,
-    memory_vs_batch,
-    saving_pct,
-)
-from app_pages.escaping import csv_cell, markdown_text
-from app_pages.figures import (
-    estimate_vs_measured_scatter,
-    memory_vs_batch_figure,
-    phase_breakdown_figure,
-    technique_bars_figure,
-)
-from app_pages.verify_results import history_table, scatter_points
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.fit import FitLimits, fit_limits
@@ -64,6 +46,24 @@ from reporting.multi_gpu import (
     multi_gpu_section,
     section_json,
 )
+from views.breakdown import breakdown_table, verdict_for
+from views.comparison import (
+    TechniqueRow,
+    accumulation_note,
+    batch_sizes_for_chart,
+    compare_techniques,
+    comparison_table,
+    memory_vs_batch,
+    saving_pct,
+)
+from views.escaping import csv_cell, markdown_text
+from views.figures import (
+    estimate_vs_measured_scatter,
+    memory_vs_batch_figure,
+    phase_breakdown_figure,
+    technique_bars_figure,
+)
+from views.verify_results import history_table, scatter_points
 
 FORMATS = ("html", "md", "csv", "json")
 SCENARIO_KEYS = ("task", "num_labels", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
@@ -152,7 +152,7 @@ def _fit_tables(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int
     the methods it left out and why."""
     from planner.fit import FitTarget, best_options_with_max_seq_len, find_fits
     from planner.gpus import nearest_gpu
-    from reporting.fit_table import fit_rows, nearest_rows
+    from views.fit_table import fit_rows, nearest_rows
 
     target = FitTarget(scenario.seq_len, effective_batch=scenario.batch_size * scenario.grad_accum_steps * gpu_count)
     result = find_fits(shape, scenario, capacity_bytes, target, nearest_gpu(capacity_bytes), gpu_count,
@@ -445,11 +445,11 @@ def render_report(report: Report, fmt: str) -> str:
 
 def report_for_values(values: Mapping[str, object], base_dir: Path | None = None, records: Iterable = ()) -> Report:
     """A report from the CLI's scenario values (estimate_from_values' keys, plus optional
-    `gpu`: a preset name from app_pages.inputs.GPU_PRESETS or a size in GiB, default the
+    `gpu`: a preset name from views.inputs.GPU_PRESETS or a size in GiB, default the
     first preset; `gpu_count`, default 1; `hub`: allow fetching the config; `run_steps` and
     `local_sgd_steps` for the Multiple GPUs section's local SGD comparison)."""
-    from app_pages.inputs import GPU_PRESET_KEYS, GPU_PRESETS
     from planner.loading import load_model_shape
+    from views.inputs import GPU_PRESET_KEYS, GPU_PRESETS
 
     if not isinstance(values.get("config"), str):
         raise PlannerInputError("report needs --config: a catalog name or a config.json path")
@@ -495,7 +495,7 @@ def write_report(values: Mapping[str, object], out_path: str | Path) -> Path:
     fmt = "md" if fmt == "markdown" else fmt
     if fmt not in FORMATS:
         raise PlannerInputError(f"--out {str(out)!r}: the file name must end in .html, .md, .csv or .json")
-    from app_pages.history_access import recent_runs
+    from views.history_access import recent_runs
 
     records, _ = recent_runs(limit=1000)
     report = report_for_values(values, base_dir=Path.cwd(), records=records)

@@ -2,7 +2,7 @@
 each strategy (per-GPU memory, traffic per optimizer step), DDP against local SGD, and this
 model's distributed runs from the history beside their estimates.
 
-The numbers and tables come from app_pages.multi_gpu_figures (the dashboard's page builds
+The numbers and tables come from views.multi_gpu_figures (the dashboard's page builds
 the same ones); this file only gathers them once for the four renderings and lays out the
 JSON. Raw bytes everywhere, binary units (GiB = 2**30) beside them for reading.
 """
@@ -15,7 +15,14 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from app_pages.multi_gpu_figures import (
+from planner.errors import PlannerInputError
+from planner.estimate import Estimate
+from planner.loading import model_shape_for_config
+from planner.model_shape import ModelShape
+from planner.parallel import ParallelEstimate
+from planner.scenario import Scenario, Task
+from planner.strategy import Strategy
+from views.multi_gpu_figures import (
     DEFAULT_RUN_STEPS,
     LOCAL_SGD_PERIODS,
     LocalSgdComparison,
@@ -27,13 +34,6 @@ from app_pages.multi_gpu_figures import (
     memory_table,
     strategy_estimates,
 )
-from planner.errors import PlannerInputError
-from planner.estimate import Estimate
-from planner.loading import model_shape_for_config
-from planner.model_shape import ModelShape
-from planner.parallel import ParallelEstimate
-from planner.scenario import Scenario, Task
-from planner.strategy import Strategy
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+from planner.accuracy import error_pct
 from planner.estimate import Estimate, estimate
 from planner.loading import model_shape_for_config
 from planner.scenario import Device
@@ -165,14 +166,6 @@ def plan_run(request: VerifyRequest, *, cuda_available: bool | None = None,
     if fits or available_bytes is None:  # explicit cpu; unknown free RAM: the user's call
         return RunPlan(planned, cpu_estimate, None)
     return RunPlan(planned, cpu_estimate, refusal=f"{too_big}: use --mode simulate to measure it without allocating")
-
-
-def error_pct(estimated: int | None, measured: int | None) -> float | None:
-    if estimated is None or measured is None:
-        return None
-    if measured == 0:
-        return 0.0 if estimated == 0 else None
-    return round((estimated - measured) / measured * 100.0, 3)
 
 
 def errors_pct(estimated: dict, measured: dict | None) -> dict | None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # What the pages import (the plain modules beneath them; a page module itself draws when imported).
-WARM_MODULES = ("pandas", "plotly.graph_objects", "app_pages.breakdown", "app_pages.comparison",
-                "app_pages.figures", "app_pages.fit_view", "app_pages.inputs", "app_pages.query_state",
+WARM_MODULES = ("pandas", "plotly.graph_objects", "views", "views.breakdown", "views.comparison", "views.figures",
+                "views.fit_table", "views.inputs", "app_pages.fit_view", "app_pages.query_state",
                 "planner.estimate", "planner.fit", "planner.verdict", "planner.loading", "reporting")
 
 
@@ -26,7 +26,7 @@ def warm() -> None:
     sys.path.insert(0, str(ROOT))
     for name in WARM_MODULES:
         importlib.import_module(name)
-    from app_pages.inputs import DEFAULTS
+    from views.inputs import DEFAULTS
     from planner.loading import load_model_shape
     from planner.scenario import Task
 

@@ -12,8 +12,6 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from app_pages.escaping import markdown_text
-from app_pages.inputs import DEFAULTS, GPU_PRESET_KEYS, GPU_PRESETS
 from planner.catalog import CATALOG_DIR
 from planner.config_source import config_from_bytes
 from planner.cuda_overheads import cuda_overheads
@@ -23,6 +21,8 @@ from planner.gpus import GPUS
 from planner.loading import load_model_shape, model_shape_for_config
 from planner.scenario import Task, scenario_from_values
 from planner.units import GIB
+from views.escaping import markdown_text
+from views.inputs import DEFAULTS, GPU_PRESET_KEYS, GPU_PRESETS
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 TIMEOUT_S = 60  # the first run imports transformers and builds a shape on the meta device
@@ -199,7 +199,7 @@ def test_bad_upload_shows_its_one_line_error_and_the_page_recovers(data):
         model_shape_for_config(config, Task.SEQUENCE_CLASSIFICATION, 2, "config.json")
     at = upload(run_app(), data)
     assert not at.exception
-    assert [e.value for e in at.error] == [markdown_text(raised.value)]  # shown as text (app_pages.escaping)
+    assert [e.value for e in at.error] == [markdown_text(raised.value)]  # shown as text (views.escaping)
     assert "\n" not in str(raised.value)
     good = (CATALOG_DIR / DEFAULTS["catalog_model"]).with_suffix(".json").read_bytes()
     at = upload(at, good)

@@ -1,13 +1,13 @@
-"""app_pages.figures: the phase breakdown figure, checked against the estimate it draws."""
+"""views.figures: the phase breakdown figure, checked against the estimate it draws."""
 
 import pytest
 
-from app_pages.breakdown import CATEGORY_LABELS
-from app_pages.figures import CAPACITY_PREFIX, phase_breakdown_figure
 from planner.estimate import estimate
 from planner.loading import load_model_shape
 from planner.scenario import scenario_from_values
 from planner.units import GIB
+from views.breakdown import CATEGORY_LABELS
+from views.figures import CAPACITY_PREFIX, phase_breakdown_figure
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_capacity_line_only_when_given(checkpointed_gpt2):
 
 # --- figures of the Plan, Techniques and Verify pages -----------------------------------------
 
-from app_pages.figures import (  # noqa: E402
+from views.figures import (  # noqa: E402
     category_comparison_figure,
     estimate_vs_measured_scatter,
     memory_vs_batch_figure,

@@ -1,13 +1,20 @@
-"""The dashboard's plain modules: sidebar values -> planner inputs (app_pages.inputs),
-the breakdown table and the fits verdict (app_pages.breakdown). No Streamlit here."""
+"""The dashboard's plain modules: sidebar values -> planner inputs (views.inputs),
+the breakdown table and the fits verdict (views.breakdown). No Streamlit here."""
 
 import json
 from dataclasses import replace
 
 import pytest
 
-from app_pages.breakdown import PEAK_LABEL, breakdown_table, verdict_for
-from app_pages.inputs import (
+from planner.verdict import DeviceVerdict
+from planner.catalog import CATALOG_DIR, catalog_entries
+from planner.errors import PlannerInputError
+from planner.estimate import estimate
+from planner.loading import load_model_shape
+from planner.scenario import Checkpointing, Optimizer, Task, scenario_from_values
+from planner.units import GIB, MIB
+from views.breakdown import PEAK_LABEL, breakdown_table, verdict_for
+from views.inputs import (
     CUSTOM_GPU,
     DEFAULTS,
     GPU_PRESETS,
@@ -18,13 +25,6 @@ from app_pages.inputs import (
     model_config,
     scenario_for,
 )
-from planner.verdict import DeviceVerdict
-from planner.catalog import CATALOG_DIR, catalog_entries
-from planner.errors import PlannerInputError
-from planner.estimate import estimate
-from planner.loading import load_model_shape
-from planner.scenario import Checkpointing, Optimizer, Task, scenario_from_values
-from planner.units import GIB, MIB
 
 
 def defaults(**overrides) -> SidebarValues:

@@ -13,7 +13,18 @@ from datetime import datetime, timezone
 
 import pytest
 
-from app_pages.comparison import (
+from planner.fit import fit_limits, largest_fitting, max_batch_size, max_seq_len
+from app_pages.query_state import decode, encode
+from app_pages.run_queue import CANCELLED, DONE, RunQueue, progress_fraction
+from planner.errors import PlannerInputError
+from planner.estimate import estimate
+from planner.loading import load_model_shape
+from planner.scenario import scenario_from_values
+from planner.strategy import ParallelPlan, Strategy
+from planner.units import GIB, MIB
+from reporting import build_report, render_report, report_for_values, write_report
+from runners.history import RunMode, RunRecord, RunStatus
+from views.comparison import (
     TECHNIQUES,
     TECHNIQUES_BY_KEY,
     accumulation_steps_for,
@@ -25,11 +36,8 @@ from app_pages.comparison import (
     saving_pct,
     technique_values,
 )
-from planner.fit import fit_limits, largest_fitting, max_batch_size, max_seq_len
-from app_pages.inputs import DEFAULTS, SidebarValues, base_values, total_capacity_bytes
-from app_pages.query_state import decode, encode
-from app_pages.run_queue import CANCELLED, DONE, RunQueue, progress_fraction
-from app_pages.verify_results import (
+from views.inputs import DEFAULTS, SidebarValues, base_values, total_capacity_bytes
+from views.verify_results import (
     category_values,
     filter_history,
     history_table,
@@ -37,14 +45,6 @@ from app_pages.verify_results import (
     scatter_points,
     technique_requests,
 )
-from planner.errors import PlannerInputError
-from planner.estimate import estimate
-from planner.loading import load_model_shape
-from planner.scenario import scenario_from_values
-from planner.strategy import ParallelPlan, Strategy
-from planner.units import GIB, MIB
-from reporting import build_report, render_report, report_for_values, write_report
-from runners.history import RunMode, RunRecord, RunStatus
 
 BASE = {"task": "causal-lm", "num_labels": 2, "batch_size": 8, "seq_len": 512, "optimizer": "sgd",
         "precision": "bf16", "gradient_checkpointing": True, "grad_accum": 2, "attn": "sdpa", "device": "cuda"}
@@ -361,7 +361,7 @@ def test_write_report_from_cli_values(tmp_path, monkeypatch):
     values = {"config": "gpt2", "task": "causal-lm", "batch_size": "4", "seq_len": "256", "optimizer": "adamw",
               "precision": "fp32", "gradient_checkpointing": False, "grad_accum": "1", "attn": "sdpa",
               "device": "cuda", "num_labels": "2", "engine": "accelerate", "gpu": "24", "gpu_count": "2",
-              "strategy": "zero2", "hub": False, "command": "report", "out": "ignored"}
+              "strategy": "zero2", "hub": False, "out": "ignored"}
     out = write_report(values, tmp_path / "plan.json")
     data = json.loads(out.read_text())
     assert data["plan"]["capacity_bytes"] == 24 * GIB and data["plan"]["gpu_count"] == 2

@@ -14,11 +14,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app_pages import run_queue
-from app_pages.comparison import TECHNIQUES, compare_techniques
-from app_pages.escaping import markdown_text
 from planner.fit import fit_limits
-from app_pages.inputs import CUSTOM_GPU, DEFAULTS, GPU_PRESET_KEYS, GPU_PRESETS
-from app_pages.verify_results import measured_device, plan_request
 from planner.catalog import CATALOG_DIR
 from planner.config_source import config_from_bytes
 from planner.cuda_overheads import cuda_overheads
@@ -34,6 +30,10 @@ from runners import verify
 from runners.history import RunHistory
 from runners.verify import cuda_is_likely_available, plan_run
 from tests.conftest import CONFIGS
+from views.comparison import TECHNIQUES, compare_techniques
+from views.escaping import markdown_text
+from views.inputs import CUSTOM_GPU, DEFAULTS, GPU_PRESET_KEYS, GPU_PRESETS
+from views.verify_results import measured_device, plan_request
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 TIMEOUT_S = 60
@@ -138,7 +138,7 @@ def test_bad_upload_shows_an_error_and_the_page_recovers(page):
         model_shape_for_config(config_from_bytes(data, "config.json"), Task.SEQUENCE_CLASSIFICATION, 2, "c")
     at = upload(app(page), data)
     assert not at.exception
-    assert [e.value for e in at.error] == [markdown_text(raised.value)]  # shown as text (app_pages.escaping)
+    assert [e.value for e in at.error] == [markdown_text(raised.value)]  # shown as text (views.escaping)
     good = (CATALOG_DIR / "opt-125m.json").read_bytes()
     at = upload(at, good)
     assert not at.exception and not at.error
@@ -366,7 +366,7 @@ def test_an_upload_beyond_any_model_or_outside_the_planner_is_one_error(config):
     at = upload(app(), json.dumps(config).encode())
     assert not at.exception
     assert len(at.error) == 1 and "\n" not in at.error[0].value
-    assert any(markdown_text(word) in at.error[0].value  # shown as text (app_pages.escaping)
+    assert any(markdown_text(word) in at.error[0].value  # shown as text (views.escaping)
                for word in ("beyond any real model", "num_key_value_heads", "no num_attention_heads"))
 
 

@@ -26,7 +26,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app_pages.inputs import DEFAULTS as SIDEBAR_DEFAULTS
 from planner import cli
 from planner.batch import MAX_ERROR_CHARS
 from planner.config_source import MAX_CONFIG_BYTES, config_from_bytes
@@ -35,6 +34,7 @@ from planner.estimate import Estimate
 from planner.loading import model_shape_for_config
 from planner.scenario import Task
 from tests.conftest import CONFIGS, tiny_config
+from views.inputs import DEFAULTS as SIDEBAR_DEFAULTS
 
 TRIED: collections.Counter = collections.Counter()  # kind of input -> how many were tried
 HANG_S = 20  # no single input may take longer than this (a first shape build takes ~1 s)
@@ -369,8 +369,8 @@ link_values = st.one_of(st.sampled_from(["²", "٣", "9" * 5000, "1e308", "1e-30
                                         st.text(max_size=8)),
                               st.one_of(link_values, st.lists(link_values, max_size=3)), max_size=8))
 def test_link_values_parse_within_bounds_or_are_named_as_dropped(params):
-    from app_pages.inputs import MAXIMA
     from app_pages.query_state import decode_with_rejects
+    from views.inputs import MAXIMA
 
     TRIED["dashboard links"] += 1
     values, rejected = decode_with_rejects(params)

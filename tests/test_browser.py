@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from app_pages.inputs import DEFAULTS, GPU_PRESETS
 from planner.estimate import estimate
 from planner.loading import load_model_shape
 from planner.scenario import scenario_from_values
 from planner.units import format_bytes
+from views.inputs import DEFAULTS, GPU_PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")

@@ -15,6 +15,7 @@ import pytest
 
 from planner.batch import MAX_ERROR_CHARS
 from planner.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, main
+from reporting.cli import main as report_main
 from tests.conftest import CONFIGS, ROOT
 
 SCENARIO = ["--config", "gpt2", "--task", "causal-lm", "--batch-size", "1", "--seq-len", "8"]
@@ -25,26 +26,27 @@ KV_HEADS = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "n
             "num_key_value_heads": 3, "intermediate_size": 128, "vocab_size": 100}
 
 
-def _run(argv, capsys):
-    code = main(argv)
+def _run(argv, capsys, tool=main):
+    code = tool(argv)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["report", *SCENARIO, "--out", "plan.md", "--gpu-count", "²"], "number of GPUs (--gpu-count)"),
-    (["report", *SCENARIO, "--out", "plan.md", "--gpu", "1e300"], "at most 1,048,576"),
-    (["fit", "--config", "gpt2", "--gpu-memory-gib", "1e300"], "--gpu-memory-gib must be a positive number of GiB"),
-    (["estimate", "--config", "gpt2", "--task", "causal-lm", "--batch-size", str(10**20), "--seq-len", "8"],
+@pytest.mark.parametrize("tool, argv, expected", [
+    (report_main, [*SCENARIO, "--out", "plan.md", "--gpu-count", "²"], "number of GPUs (--gpu-count)"),
+    (report_main, [*SCENARIO, "--out", "plan.md", "--gpu", "1e300"], "at most 1,048,576"),
+    (main, ["fit", "--config", "gpt2", "--gpu-memory-gib", "1e300"], "--gpu-memory-gib must be a positive number of GiB"),
+    (main, ["estimate", "--config", "gpt2", "--task", "causal-lm", "--batch-size", str(10**20), "--seq-len", "8"],
      "batch size must be at most"),
-    (["bogus"], "(see `python -m planner --help`)"),
-], ids=["gpu-count superscript", "gpu 1e300", "gpu-memory-gib 1e300", "batch 10^20", "help hint"])
-def test_overflowing_or_odd_flags_are_one_line_exit_2(argv, expected, capsys, tmp_path, monkeypatch):
+    (main, ["bogus"], "(see `python -m planner --help`)"),
+    (report_main, [*SCENARIO], "(see `python -m reporting --help`)"),
+], ids=["gpu-count superscript", "gpu 1e300", "gpu-memory-gib 1e300", "batch 10^20", "help hint", "report help hint"])
+def test_overflowing_or_odd_flags_are_one_line_exit_2(tool, argv, expected, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, out, err = _run(argv, capsys)
+    code, out, err = _run(argv, capsys, tool)
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and expected in err, err
-    assert "planner planner" not in err
+    assert "planner planner" not in err and "reporting reporting" not in err
 
 
 def test_nothing_fits_says_the_target_is_what_does_not_fit(capsys):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tiny_config
+from planner.accuracy import error_pct
 from planner.config_source import resolve_config
 from planner.units import GIB
 from runners import isolation, verify as verify_module
@@ -21,8 +22,8 @@ from runners.child import MISSING_MODULE_FOR_FAULT, requested_bytes
 from runners.history import RunHistory, RunMode, RunStatus
 from runners.isolation import run_in_child
 from runners.request import Engine, Mode, VerifyRequest
-from runners.verify import (RAM_FIXED_OVERHEAD_BYTES, available_ram_bytes, cpu_ram_needed_bytes, error_pct,
-                            errors_pct, plan_run, verify)
+from runners.verify import (RAM_FIXED_OVERHEAD_BYTES, available_ram_bytes, cpu_ram_needed_bytes, errors_pct,
+                            plan_run, verify)
 
 SCENARIO = {"task": "causal-lm", "batch_size": 2, "seq_len": 16}
 

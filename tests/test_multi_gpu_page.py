@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app_pages.inputs import DEFAULTS, GPU_PRESETS
-from app_pages.multi_gpu_figures import STRATEGY_ORDER
 from planner.catalog import CATALOG_DIR
 from planner.loading import load_model_shape
 from planner.parallel import parallel_estimate
@@ -20,6 +18,8 @@ from planner.scenario import scenario_from_values
 from planner.strategy import ParallelPlan, Strategy
 from planner.units import format_bytes
 from runners.history import RunHistory
+from views.inputs import DEFAULTS, GPU_PRESETS
+from views.multi_gpu_figures import STRATEGY_ORDER
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 PAGE = "app_pages/multi_gpu.py"

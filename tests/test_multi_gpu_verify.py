@@ -18,7 +18,6 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app_pages import run_queue
-from app_pages.inputs import DEFAULTS
 from planner.loading import model_shape_for_config
 from planner.parallel import parallel_estimate
 from planner.scenario import scenario_from_values
@@ -26,6 +25,7 @@ from planner.strategy import ParallelPlan, Strategy
 from runners import launch
 from runners.history import RunHistory
 from tests.conftest import CONFIGS
+from views.inputs import DEFAULTS
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 PAGE = "app_pages/multi_gpu.py"

@@ -1,7 +1,7 @@
 """User text in every output channel stays text: the dashboard's Markdown (an uploaded file
 name in the model caption), the charts' Plotly pseudo-HTML (a config name in an HTML report
 chart title) and CSV cells opened in a spreadsheet (a model name that is a formula).
-(app_pages.escaping; the HTML tables' own escaping: test_reliability.py.)
+(views.escaping; the HTML tables' own escaping: test_reliability.py.)
 """
 
 from __future__ import annotations
@@ -14,13 +14,6 @@ from types import SimpleNamespace
 import pytest
 from markdown_it import MarkdownIt
 
-from app_pages.escaping import csv_cell, markdown_text
-from app_pages.figures import (
-    estimate_vs_measured_scatter,
-    memory_vs_batch_figure,
-    technique_bars_figure,
-)
-from app_pages.inputs import DEFAULTS, ModelSource
 from app_pages.page_context import model_caption, task_override_note
 from app_pages.query_state import decode_with_rejects, rejects_warning
 from planner.loading import model_shape_for_config
@@ -29,6 +22,13 @@ from planner.strategy import ParallelPlan, Strategy
 from reporting.build import build_report, render_report
 from runners.history import RunHistory
 from tests.conftest import tiny_config
+from views.escaping import csv_cell, markdown_text
+from views.figures import (
+    estimate_vs_measured_scatter,
+    memory_vs_batch_figure,
+    technique_bars_figure,
+)
+from views.inputs import DEFAULTS, ModelSource
 
 LINK = '<a href="https://evil.example">click</a>'
 MARKDOWN_NAME = "**bold** [click](https://evil.example).json"

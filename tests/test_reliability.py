@@ -18,8 +18,6 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app_pages import run_queue
-from app_pages.inputs import DEFAULTS
-from app_pages.verify_results import plan_request
 from planner.config_source import config_from_bytes
 from planner.errors import PlannerInputError
 from planner.loading import model_shape_for_config
@@ -28,6 +26,8 @@ from reporting.build import FORMATS, build_report, export_file_name, render_repo
 from runners.history import RunHistory
 from runners.verify import verify
 from tests.conftest import tiny_config
+from views.inputs import DEFAULTS
+from views.verify_results import plan_request
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = ROOT / "app.py"
@@ -199,7 +199,7 @@ def test_export_file_names_stay_in_the_output_directory(name, tmp_path):
         assert len(file_name) < 120
 
 
-CODE_DIRS = ("planner", "runners", "app_pages", "reporting", "benchmarks", "scripts", "tests")
+CODE_DIRS = ("planner", "runners", "views", "reporting", "app_pages", "benchmarks", "scripts", "tests")
 FORBIDDEN = ("pickle" + ".load", "torch" + ".load", "trust_remote_code" + "=True", "weights_only" + "=False",
              "yaml" + ".load(", "marshal" + ".load", "shelve" + ".open", "dill" + ".load", "joblib" + ".load")
 

@@ -13,13 +13,13 @@ import json
 import pytest
 
 from planner.catalog import CATALOG_DIR
-from planner.cli import main
 from planner.loading import load_model_shape
 from planner.parallel import parallel_estimate
 from planner.scenario import scenario_from_values
 from planner.strategy import ParallelPlan, Strategy
 from reporting import build_report, render_report, report_for_values
 from reporting.build import FORMATS
+from reporting.cli import main
 from runners.history import RunHistory
 
 MODEL = "llama-2-7b"
@@ -118,7 +118,7 @@ def test_one_gpu_has_no_section():
 
 def test_cli_flags_run_steps_and_an_extra_local_sgd_period(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    argv = ["report", "--config", "gpt2", "--task", "causal-lm", "--batch-size", "2", "--seq-len", "128",
+    argv = ["--config", "gpt2", "--task", "causal-lm", "--batch-size", "2", "--seq-len", "128",
             "--gpu", "24", "--gpu-count", "4", "--out", str(out)]
     assert main([*argv, "--run-steps", "500", "--local-sgd-steps", "64"]) == 0
     local = json.loads(out.read_text())["multi_gpu"]["local_sgd"]

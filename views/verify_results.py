@@ -8,11 +8,12 @@ from collections.abc import Iterable, Mapping
 
 import pandas as pd
 
-from app_pages.comparison import TECHNIQUES, technique_values
+from planner.accuracy import error_pct
 from planner.scenario import Device
 from planner.units import format_bytes
 from runners.request import Engine, Mode, VerifyRequest
-from runners.verify import CATEGORIES, error_pct
+from runners.verify import CATEGORIES
+from views.comparison import TECHNIQUES, technique_values
 
 MODES = tuple(m.value for m in Mode)
 

@@ -1,7 +1,7 @@
 """Escaping user-supplied text (model and file names, run labels, reasons) for each channel
 it is shown in: Streamlit and report Markdown, Plotly's pseudo-HTML (chart titles, trace
 names, labels, hover text) and CSV cells opened in a spreadsheet. No Streamlit here: the
-report (reporting.build) and the pages share it.
+report and the pages share it.
 
 Why each one is needed:
 - Markdown: Streamlit renders captions, alerts, progress and expander labels as Markdown

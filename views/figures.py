@@ -3,7 +3,7 @@ figures, with no Streamlit here, so they are tested (and reused by a report expo
 
 Plotly parses every text it draws as pseudo-HTML, so each builder passes the text it is
 given (titles, labels: model names and run labels among them) through
-app_pages.escaping.plotly_text; its own markup (`<br>` in hover templates) is added after.
+views.escaping.plotly_text; its own markup (`<br>` in hover templates) is added after.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from app_pages.breakdown import CATEGORY_LABELS, category_labels, peak_bytes
-from app_pages.escaping import plotly_text
 from planner.estimate import Estimate
 from planner.parallel import ParallelEstimate
 from planner.units import bytes_to_gib, format_bytes
+from views.breakdown import CATEGORY_LABELS, category_labels, peak_bytes
+from views.escaping import plotly_text
 
 CATEGORY_COLORS = {
     "weights": "#2563eb",

@@ -16,8 +16,6 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app_pages.breakdown import DEVICE_CATEGORY_LABELS
-from app_pages.figures import CAPACITY_COLOR, CATEGORY_COLORS, _capacity_line
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate
 from planner.model_shape import ModelShape
@@ -25,6 +23,8 @@ from planner.parallel import ParallelEstimate, parallel_estimate
 from planner.scenario import Scenario, scenario_from_values
 from planner.strategy import ParallelPlan, Strategy, parse_strategy
 from planner.units import GIB, MIB, bytes_to_gib, format_bytes
+from views.breakdown import DEVICE_CATEGORY_LABELS
+from views.figures import CAPACITY_COLOR, CATEGORY_COLORS, _capacity_line
 
 # The order the page lists them: replicas first, then more and more sharded.
 STRATEGY_ORDER = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP_SHARD_GRAD_OP,
