@@ -436,6 +436,10 @@ def _adapter_methods(shape: ModelShape, base: Scenario, num_devices: int, lora: 
         wanted = dataclasses.replace(own if own.uses_adapters else FineTune(), method=method)
         if not lora and method is not own.method:
             continue
+        if num_devices > 1:  # before estimating: a model's first LoRA estimate probes its step
+            left_out.append(f"{label} plans left out: the multi-GPU planner models full fine-tuning only "
+                            "(plan LoRA on one device)")
+            continue
         try:
             estimate(shape, dataclasses.replace(base, finetune=wanted, batch_size=1, grad_accum_steps=1))
         except PlannerInputError as error:
@@ -445,10 +449,6 @@ def _adapter_methods(shape: ModelShape, base: Scenario, num_devices: int, lora: 
             # Seen: PEFT refusing all-linear on DistilBERT's classifier (modules_to_save, a TypeError).
             left_out.append(f"{label} plans left out: the estimate failed ({type(error).__name__}: "
                             f"{str(error)[:200]})")
-            continue
-        if num_devices > 1:
-            left_out.append(f"{label} plans left out: the multi-GPU planner models full fine-tuning only "
-                            "(plan LoRA on one device)")
             continue
         methods.append(wanted)
     return methods, left_out
