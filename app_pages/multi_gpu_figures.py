@@ -17,7 +17,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app_pages.breakdown import DEVICE_CATEGORY_LABELS
-from app_pages.figures import CAPACITY_COLOR, CATEGORY_COLORS, _capacity_line
+from app_pages.figures import (
+    CAPACITY_COLOR,
+    CATEGORY_COLORS,
+    _capacity_line,
+    _log_y_when_dwarfed,
+)
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate
 from planner.model_shape import ModelShape
@@ -148,7 +153,8 @@ def communication_figure(estimates: Mapping[Strategy, ParallelEstimate],
                        hovertemplate=f"{name}: %{{customdata[1]}} (%{{customdata[0]:,.0f}} bytes)<extra></extra>")
     figure.update_layout(barmode="group", template="plotly_white", title=title, yaxis_title=f"per GPU, {unit}",
                          xaxis_title="strategy", margin=dict(t=60, b=40))
-    return figure
+    # ZeRO-3 and FSDP gather the parameters too: their bars can dwarf DDP's.
+    return _log_y_when_dwarfed(figure, None, [[v] for v in (*payload, *wire)])
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,17 @@ from dataclasses import dataclass
 import streamlit as st
 
 from app_pages.escaping import markdown_text
-from app_pages.inputs import (ModelSource, SidebarValues, base_values, capacity_bytes, model_config,
-                              parallel_plan_for, scenario_for)
-from app_pages.model_cache import cached_model_shape
+from app_pages.inputs import (
+    CONFIG_SOURCES,
+    ModelSource,
+    SidebarValues,
+    base_values,
+    capacity_bytes,
+    model_config,
+    parallel_plan_for,
+    scenario_for,
+)
+from app_pages.model_cache import cached_hub_config, cached_model_shape
 from planner.config_task import config_task
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
@@ -48,9 +56,9 @@ def load_context() -> PageContext | None:
     """The chosen model's shape and the sidebar scenario's estimate; None (after saying why) when unusable."""
     values = SidebarValues.from_state(st.session_state)
     try:
-        chosen = model_config(values)
+        chosen = model_config(values, hub_config=cached_hub_config)
         if chosen is None:
-            st.info("Upload a model's config.json in the sidebar, or pick a catalog model.")
+            st.info(_WAITING.get(values.model_source, _WAITING[ModelSource.UPLOAD.value]))
             return None
         config, name = chosen
         scenario = scenario_for(values)
@@ -64,6 +72,12 @@ def load_context() -> PageContext | None:
         st.error(markdown_text(error), icon=":material/error:")  # it may quote a file name
         return None
     return PageContext(values, config, name, shape, scenario, result, capacity, parallel, per_device)
+
+
+_WAITING = {
+    ModelSource.UPLOAD.value: "Upload a model's config.json in the sidebar, or pick a catalog model.",
+    ModelSource.HUB.value: "Enter a Hugging Face hub model id (owner/name) in the sidebar, or pick a catalog model.",
+}
 
 
 def estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
@@ -88,9 +102,9 @@ def model_caption(shape: ModelShape, parallel: ParallelPlan | None = None) -> st
 
 
 def task_override_note(context: PageContext) -> str | None:
-    """One line when an uploaded config is planned with another task than its `architectures` names
+    """One line when an uploaded or hub config is planned with another task than its `architectures` names
     (Markdown: the architecture is the config's own text, escaped)."""
-    if context.values.model_source != ModelSource.UPLOAD.value:
+    if context.values.model_source not in CONFIG_SOURCES:
         return None  # a catalog model's task is a choice among equals (an encoder classifies or fills masks)
     found = config_task(context.config)
     if found is None or found.task is context.scenario.task:

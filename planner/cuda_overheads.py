@@ -35,6 +35,9 @@ Known limitations:
   in 2.13's headers) makes workspace caching opt-in; without it cuBLAS uses its own
   default workspace, allocated outside the caching allocator. The items follow torch 2.13
   (the version read is the one whose declarations match 2.13's ATen/cuda/CUDAContextLight.h).
+- A ROCm GPU (planner.gpus.Runtime.ROCM: the MI300X) gets CUDA's figures as stand-ins,
+  each item labelled so in its name and note: no HIP context, hipBLASLt workspace or RCCL
+  reading is sourced here, and the CUDA figures are not claimed for it.
 - The driver's reservation is known for the H100 80 GB only (from two published readings);
   for the other GPUs it is not itemised (no published figure), and the capacity is the
   driver's total as `nvidia-smi` reports it (planner.gpus).
@@ -43,9 +46,9 @@ Known limitations:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from planner.gpus import GpuSpec
+from planner.gpus import GpuSpec, Runtime
 from planner.strategy import ParallelPlan, Strategy
 from planner.units import GIB, KIB, MIB
 
@@ -318,4 +321,22 @@ def cuda_overheads(gpu: GpuSpec | None, plan: ParallelPlan | None = None) -> Cud
     if driver is not None:
         outside.append(driver)
     outside.extend(_nccl_items(plan))
-    return CudaOverheads(gpu.key if gpu is not None else None, plan, tuple(outside), _cublas_items(gpu))
+    inside = _cublas_items(gpu)
+    if gpu is not None and gpu.runtime is not Runtime.CUDA:
+        outside, inside = [_stand_in(i, gpu) for i in outside], tuple(_stand_in(i, gpu) for i in inside)
+    return CudaOverheads(gpu.key if gpu is not None else None, plan, tuple(outside), inside)
+
+
+ROCM_STAND_IN = "CUDA's figure standing in"
+
+
+def _stand_in(item: OverheadItem, gpu: GpuSpec) -> OverheadItem:
+    """`item` labelled as CUDA's figure used for a GPU that does not run CUDA (ROCm's HIP
+    context, hipBLASLt workspace and RCCL communicators have no sourced figure here)."""
+    runtime = _RUNTIME_NAMES[gpu.runtime]
+    return replace(item, name=f"{item.name} ({ROCM_STAND_IN}: {gpu.label} runs {runtime})",
+                   note=f"{runtime} GPU: no {runtime} figure is sourced, so CUDA's stands in, unverified "
+                        f"for it; {item.note}")
+
+
+_RUNTIME_NAMES = {Runtime.CUDA: "CUDA", Runtime.ROCM: "ROCm"}

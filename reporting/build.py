@@ -448,14 +448,14 @@ def report_for_values(values: Mapping[str, object], base_dir: Path | None = None
     `gpu`: a preset name from app_pages.inputs.GPU_PRESETS or a size in GiB, default the
     first preset; `gpu_count`, default 1; `hub`: allow fetching the config; `run_steps` and
     `local_sgd_steps` for the Multiple GPUs section's local SGD comparison)."""
-    from app_pages.inputs import GPU_PRESET_KEYS, GPU_PRESETS
+    from app_pages.inputs import DEFAULTS, GPU_PRESET_KEYS, GPU_PRESETS
     from planner.loading import load_model_shape
 
     if not isinstance(values.get("config"), str):
         raise PlannerInputError("report needs --config: a catalog name or a config.json path")
     scenario_values = {k: values[k] for k in SCENARIO_KEYS if values.get(k) is not None}
     scenario = scenario_from_values(**scenario_values)
-    gpu = values.get("gpu") or next(iter(GPU_PRESETS))
+    gpu = values.get("gpu") or DEFAULTS["gpu_preset"]
     spec = None
     if gpu in GPU_PRESETS and GPU_PRESETS[gpu] is not None:
         capacity, label, spec = GPU_PRESETS[gpu], str(gpu), GPUS[GPU_PRESET_KEYS[gpu]]
