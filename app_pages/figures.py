@@ -27,22 +27,21 @@ CATEGORY_COLORS = {
 CAPACITY_COLOR = "#111827"
 CURRENT_COLOR = "#dc2626"  # the user's own plan, marked on "peak against batch size"
 
-# A log y-axis when one trace dwarfs the rest: the largest value over the smallest non-zero
-# one, across the data traces of a chart with several of them (the capacity line excluded).
+# A log y-axis when one trace dwarfs the rest: the tallest trace's top over the lowest
+# trace's top (non-zero values only), across the data traces of a chart with several of them
+# (the capacity line and the user's marker excluded). Trace tops, not all points: a line
+# rising 50x from batch 1 to 64 dwarfs no other line, and its chart stays linear.
 LOG_SCALE_RATIO = 20.0
 LOG_SCALE_NOTE = " (log scale)"
 
 
 def wants_log_y(traces_values) -> bool:
-    """Whether a chart of several traces (each an iterable of y values, None for a gap)
-    needs a log y-axis: its largest value is more than LOG_SCALE_RATIO x its smallest
-    non-zero one."""
-    drawn = [[v for v in values if v is not None and v > 0] for values in traces_values]
-    drawn = [values for values in drawn if values]
-    if len(drawn) < 2:
-        return False
-    values = [v for trace in drawn for v in trace]
-    return max(values) > LOG_SCALE_RATIO * min(values)
+    """Whether a chart of several traces (each an iterable of y values, None for a gap; a
+    bar chart passes one per bar) needs a log y-axis: its tallest trace reaches more than
+    LOG_SCALE_RATIO x as high as its lowest non-zero one."""
+    tops = [max((v for v in values if v is not None and v > 0), default=None) for values in traces_values]
+    tops = [top for top in tops if top is not None]
+    return len(tops) >= 2 and max(tops) > LOG_SCALE_RATIO * min(tops)
 
 
 def _log_y_when_dwarfed(figure: go.Figure, log_y: bool | None, traces=None) -> go.Figure:

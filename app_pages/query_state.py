@@ -48,9 +48,12 @@ _WHOLE_NUMBER = re.compile(r"\+?[0-9]{1,30}")
 def encode(values: Mapping[str, object]) -> dict[str, str]:
     """Query parameters for the values that differ from the defaults (short links)."""
     params = {}
+    # A stored upload's hash and a hub id belong to their own source only.
+    source = values.get("model_source", DEFAULTS["model_source"])
+    unused = {"config_hash": source != "upload", "hub_model_id": source != "hub"}
     for key, default in DEFAULTS.items():
         value = values.get(key, default)
-        if value == default:
+        if value == default or unused.get(key, False):
             continue
         params[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
     return params

@@ -28,7 +28,7 @@ from planner.estimate import estimate
 from planner.gpus import GPUS
 from planner.loading import load_model_shape, model_shape_for_config
 from planner.scenario import Task, scenario_from_values
-from planner.units import GIB
+from planner.units import GIB, format_bytes
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 TIMEOUT_S = 60  # the first run imports transformers and builds a shape on the meta device
@@ -357,3 +357,20 @@ def test_offline_the_hub_source_says_so_quickly_and_the_page_stays(monkeypatch):
     at.radio(key="model_source").set_value("catalog").run()
     assert not at.error and at.dataframe
     st.cache_data.clear()
+
+
+def chart_spec(at: AppTest, index: int) -> dict:
+    return json.loads(at.get("plotly_chart")[index].proto.spec)
+
+
+def test_the_plan_page_marks_your_plan_on_peak_against_batch_size():
+    at = run_app()
+    at.number_input(key="batch_size").set_value(4).run()
+    at.number_input(key="grad_accum").set_value(2).run()
+    result = expected_estimate(batch_size=4, grad_accum=2)
+    spec = chart_spec(at, 1)  # the second chart: peak against batch size
+    [marker] = [t for t in spec["data"] if t["name"].startswith("your plan")]
+    assert marker["name"] == "your plan (batch 8)"  # the effective batch: 4 x 2 micro-batches
+    assert marker["x"] == [8] and marker["y"] == pytest.approx([result.peak_bytes / GIB])
+    assert marker["customdata"] == [[f"{result.peak_bytes:,}", format_bytes(result.peak_bytes)]]
+    assert "bytes" in marker["hovertemplate"]

@@ -134,6 +134,9 @@ def test_log_y_axis_when_one_line_dwarfs_the_rest():
     even = {"AdamW": [(1, 2 * GIB), (2, 4 * GIB)], "LoRA": [(1, GIB), (2, 2 * GIB)]}  # 4x
     assert memory_vs_batch_figure(even).layout.yaxis.type != "log"
     assert memory_vs_batch_figure({"AdamW": dwarfed["AdamW"] + [(4, GIB // 100)]}).layout.yaxis.type != "log"
+    # Lines that each rise 100x with the batch, neither dwarfing the other: linear.
+    rising = {"AdamW": [(1, GIB), (64, 100 * GIB)], "8-bit": [(1, GIB // 2), (64, 60 * GIB)]}
+    assert memory_vs_batch_figure(rising).layout.yaxis.type != "log"
     assert memory_vs_batch_figure(dwarfed, log_y=False).layout.yaxis.type != "log"  # the caller may say
     assert memory_vs_batch_figure(even, log_y=True).layout.yaxis.type == "log"
 

@@ -185,6 +185,8 @@ def test_a_stored_upload_and_a_hub_id_travel_in_the_link():
     assert decode({"config_hash": digest.upper()}) == {"config_hash": digest}
     hub = {**DEFAULTS, "model_source": "hub", "hub_model_id": "mistralai/Mistral-7B-v0.1"}
     assert decode(encode(hub)) == {"model_source": "hub", "hub_model_id": "mistralai/Mistral-7B-v0.1"}
+    assert encode({**values, "model_source": "catalog"}) == {}  # a hash only with its source
+    assert encode({**hub, "model_source": "upload"}) == {"model_source": "upload"}
 
 
 @pytest.mark.parametrize("params", [

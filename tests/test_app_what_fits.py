@@ -194,3 +194,17 @@ def test_nothing_fits_shows_the_nearest_plans_and_their_misses():
         assert int(row["over by (bytes)"]) == over > 0
         assert row["over by (%)"] == pytest.approx(100 * over / capacity)
     assert any("LoRA plans left out" in c.value for c in at.caption)
+
+
+def test_the_chart_tells_the_plans_apart_by_optimizer_precision_and_strategy():
+    at = what_fits()
+    result = expected_result()
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    plans = [t for t in spec["data"] if t.get("legendgroup")]
+    assert sum(len(t["x"]) for t in plans) == len(result.options)
+    expected = {(o.strategy.value, f"{o.scenario.optimizer.value}, {o.scenario.precision.value}")
+                for o in result.options if not o.scenario.finetune.uses_adapters}
+    assert expected <= {(t["legendgroup"], t["name"]) for t in plans}
+    assert spec["layout"]["showlegend"] is True
+    colours = {t["name"].split(",")[0]: t["marker"]["color"] for t in plans}
+    assert len(set(colours.values())) == len(colours)  # one colour per optimizer
