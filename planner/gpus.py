@@ -1,8 +1,9 @@
 """The GPUs the planner knows: memory capacity, peak dense throughput and bandwidths,
 as the step-time model (planner.step_time) and the fit finder (planner.fit) read them.
 
-Capacities are what `nvidia-smi` reports (memory.total, MiB), not the marketing "GB", so a
-plan that fits here fits the driver's total. Throughputs are the vendors' published dense
+Capacities are what `nvidia-smi` reports (memory.total, MiB; `rocm-smi` for the MI300X),
+not the marketing "GB", so a plan that fits here fits the driver's total; the one exception,
+the RTX 4060 Ti 16 GB, carries its datasheet figure and says so (`capacity_from_datasheet`). Throughputs are the vendors' published dense
 (no 2:4 sparsity) peaks, in FLOP/s:
 - `bf16_flops`: 16-bit tensor-core peak with fp32 accumulation (what autocast and pure
   bf16 training run their matmuls at).

@@ -329,6 +329,8 @@ def test_a_hub_model_id_is_fetched_once_and_planned_as_its_architectures_name(fa
     assert fake_hub.requests == ["/mistralai/Mistral-7B-v0.1/resolve/main/config.json"]
     assert at.session_state["hub_model_id"] == "mistralai/Mistral-7B-v0.1"  # and the link carries it
     assert encode({"model_source": "hub", "hub_model_id": "mistralai/Mistral-7B-v0.1"})["hub_model_id"]
+    at.selectbox(key="task").set_value("sequence-classification").run()  # a task over the config's is noted
+    assert at.info[0].value.startswith("The config's architectures name MistralForCausalLM (causal-lm)")
 
 
 def test_an_unknown_hub_id_is_one_line_and_the_page_recovers(fake_hub):
@@ -374,3 +376,18 @@ def test_the_plan_page_marks_your_plan_on_peak_against_batch_size():
     assert marker["x"] == [8] and marker["y"] == pytest.approx([result.peak_bytes / GIB])
     assert marker["customdata"] == [[f"{result.peak_bytes:,}", format_bytes(result.peak_bytes)]]
     assert "bytes" in marker["hovertemplate"]
+
+
+def test_a_failed_hub_fetch_is_remembered_for_a_while_only(fake_hub):
+    from app_pages import model_cache
+    assert model_cache._hub_attempt._info.ttl == model_cache.HUB_RETRY_S == 30  # an error expires
+    assert model_cache._hub_config._info.ttl is None  # a config is kept
+    path = "/someone/later/resolve/main/config.json"
+    at = hub_model(run_app(), "someone/later")
+    assert "HTTP 404" in at.error[0].value
+    fake_hub.configs[path] = (CATALOG_DIR / "gpt2.json").read_bytes()  # the id appears on the hub
+    at.number_input(key="batch_size").set_value(2).run()
+    assert "HTTP 404" in at.error[0].value and fake_hub.requests == [path]  # within the ttl: no refetch
+    model_cache._hub_attempt.clear()  # the ttl running out
+    at.number_input(key="batch_size").set_value(3).run()
+    assert not at.error and at.dataframe and fake_hub.requests == [path, path]

@@ -9,9 +9,9 @@ import re
 import pytest
 
 from planner.cuda_overheads import (
+    ROCM_STAND_IN,
     CudaOverheads,
     OverheadItem,
-    ROCM_STAND_IN,
     OverheadKind,
     Placement,
     cublas_workspace_bytes,
