@@ -8,10 +8,12 @@ together break shared sidebars). Pages read the sidebar with SidebarValues.from_
 
 import streamlit as st
 
+from app_pages.model_cache import cached_hub_config
 from app_pages.query_state import decode_with_rejects, encode, rejects_warning
 from planner.catalog import catalog_entries
+from planner.errors import PlannerInputError
 from planner.scenario import Attention, Device, Precision, Task
-from planner.units import format_bytes
+from views.escaping import markdown_text
 from views.inputs import (
     CUSTOM_GPU,
     DEFAULTS,
@@ -22,7 +24,10 @@ from views.inputs import (
     PRECISION_LABELS,
     STRATEGY_LABELS,
     ModelSource,
+    config_task_value,
     default_task,
+    preset_caption,
+    remember_upload,
     uploaded_task,
 )
 
@@ -48,8 +53,30 @@ def _follow_default_task() -> None:
 
 
 def _follow_uploaded_task() -> None:
-    # A newly uploaded config is planned as the model its `architectures` names.
-    task = uploaded_task(st.session_state.get("config_upload"))
+    # A newly uploaded config is planned as the model its `architectures` names, and kept by
+    # its hash so the link restores it (runners.config_store).
+    upload = st.session_state.get("config_upload")
+    try:
+        st.session_state["config_hash"] = remember_upload(upload)
+        st.session_state.pop("_upload_not_stored", None)
+    except PlannerInputError as error:
+        st.session_state["config_hash"] = ""
+        st.session_state["_upload_not_stored"] = str(error)
+    task = uploaded_task(upload)
+    if task is not None:
+        st.session_state["task"] = task
+
+
+def _follow_hub_task() -> None:
+    # A newly entered hub id is planned as the model its `architectures` names; a fetch that
+    # fails is the page's to report (the same cached fetch, st.error there).
+    model_id = st.session_state.get("hub_model_id", "").strip()
+    if not model_id:
+        return
+    try:
+        task = config_task_value(cached_hub_config(model_id))
+    except PlannerInputError:
+        return
     if task is not None:
         st.session_state["task"] = task
 
@@ -62,9 +89,16 @@ with st.sidebar:
         entries = catalog_entries()
         st.selectbox("Catalog model", list(entries), key="catalog_model", on_change=_follow_default_task,
                      help="Type to search. " + entries[st.session_state["catalog_model"]].description)
+    elif source == ModelSource.HUB.value:
+        st.text_input("Hub model id", key="hub_model_id", on_change=_follow_hub_task, placeholder="owner/name",
+                      help="Fetches only the model's config.json from the Hugging Face hub (online only; "
+                           "$PLANNER_HUB_URL or $HF_ENDPOINT names a mirror), once per id.")
     else:
         st.file_uploader("Model config.json", type=["json"], key="config_upload", on_change=_follow_uploaded_task,
-                         help="A transformers config.json: only its shape is read, never any weights.")
+                         help="A transformers config.json: only its shape is read, never any weights. It is kept "
+                              "on this machine by its hash, so the page's link restores it here.")
+        if st.session_state.get("_upload_not_stored"):
+            st.caption(markdown_text(st.session_state["_upload_not_stored"]))  # it names a directory
     task = st.selectbox("Task", [t.value for t in Task], key="task")
     if task == Task.SEQUENCE_CLASSIFICATION.value:
         st.number_input("Labels", min_value=1, max_value=MAXIMA["num_labels"], step=1, key="num_labels")
@@ -88,7 +122,7 @@ with st.sidebar:
         st.number_input("GPU capacity (GiB)", min_value=0.01, max_value=MAXIMA["gpu_custom_gib"], step=1.0,
                         format="%.2f", key="gpu_custom_gib")
     else:
-        st.caption(f"{format_bytes(GPU_PRESETS[preset])}, as nvidia-smi reports it")
+        st.caption(preset_caption(preset))
     gpu_count = st.number_input("Number of GPUs", min_value=1, max_value=MAXIMA["gpu_count"], step=1, key="gpu_count",
                                 help="Every page plans per GPU; the Multiple GPUs page compares the strategies.")
     if gpu_count > 1:

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import streamlit as st
 
-from app_pages.model_cache import cached_model_shape
+from app_pages.model_cache import cached_hub_config, cached_model_shape
 from planner.config_task import config_task
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
@@ -22,8 +22,16 @@ from planner.probe.cache import is_ready, probe_progress
 from planner.scenario import Device, Scenario
 from planner.strategy import ParallelPlan
 from views.escaping import markdown_text
-from views.inputs import (ModelSource, SidebarValues, base_values, capacity_bytes, model_config,
-                              parallel_plan_for, scenario_for)
+from views.inputs import (
+    CONFIG_SOURCES,
+    ModelSource,
+    SidebarValues,
+    base_values,
+    capacity_bytes,
+    model_config,
+    parallel_plan_for,
+    scenario_for,
+)
 
 
 @dataclass(frozen=True)
@@ -59,9 +67,9 @@ def load_context() -> PageContext | None:
     """The chosen model's shape and the sidebar scenario's estimate; None (after saying why) when unusable."""
     values = SidebarValues.from_state(st.session_state)
     try:
-        chosen = model_config(values)
+        chosen = model_config(values, hub_config=cached_hub_config)
         if chosen is None:
-            st.info("Upload a model's config.json in the sidebar, or pick a catalog model.")
+            st.info(_WAITING.get(values.model_source, _WAITING[ModelSource.UPLOAD.value]))
             return None
         config, name = chosen
         scenario = scenario_for(values)
@@ -96,6 +104,12 @@ def cached_for_scenario(context: PageContext, kind: str, build: Callable[[], T],
     return _per_scenario(kind, (context.scenario_key, *inputs), build)  # type: ignore[return-value]
 
 
+_WAITING = {
+    ModelSource.UPLOAD.value: "Upload a model's config.json in the sidebar, or pick a catalog model.",
+    ModelSource.HUB.value: "Enter a Hugging Face hub model id (owner/name) in the sidebar, or pick a catalog model.",
+}
+
+
 def estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
     """A CPU-kernel estimate of a model never probed runs the probe first (seconds): show it."""
     if scenario.device is not Device.CPU or is_ready(shape, scenario):
@@ -118,9 +132,9 @@ def model_caption(shape: ModelShape, parallel: ParallelPlan | None = None) -> st
 
 
 def task_override_note(context: PageContext) -> str | None:
-    """One line when an uploaded config is planned with another task than its `architectures` names
+    """One line when an uploaded or hub config is planned with another task than its `architectures` names
     (Markdown: the architecture is the config's own text, escaped)."""
-    if context.values.model_source != ModelSource.UPLOAD.value:
+    if context.values.model_source not in CONFIG_SOURCES:
         return None  # a catalog model's task is a choice among equals (an encoder classifies or fills masks)
     found = config_task(context.config)
     if found is None or found.task is context.scenario.task:

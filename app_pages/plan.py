@@ -93,18 +93,22 @@ def render() -> None:
         st.info(note, icon=":material/info:")
 
     st.subheader("Peak against batch size, by technique")
+    # The sidebar's own scenario on the same axes: its effective batch on one GPU, one full replica.
+    current = (context.scenario.batch_size * context.scenario.grad_accum_steps, result.peak_bytes)
 
     def batch_figure():
         series = memory_vs_batch(shape, context.base_values, batch_sizes_for_chart(limits.batch_size))
         return memory_vs_batch_figure(series, max(budget, 0), title=f"{shape.name}: peak against batch size "
-                                                                   f"at {context.scenario.seq_len:,} tokens")
+                                                                   f"at {context.scenario.seq_len:,} tokens",
+                                      current=current)
 
     st.plotly_chart(cached_for_scenario(context, "plan batch chart", batch_figure), width="stretch",
                     key="batch_chart")
     one_device = (" on one GPU holding a full replica (the sidebar's strategy is not applied here)"
                   if parallel.distributed else "")
     st.caption(f"Each technique starts from AdamW fp32 without checkpointing or accumulation{one_device}; "
-               "accumulation lines split the batch into up to 4 micro-batches. Details on the Techniques page.")
+               "accumulation lines split the batch into up to 4 micro-batches. The star is your plan as the sidebar "
+               "sets it. Details on the Techniques page.")
 
 
 render()

@@ -4,8 +4,10 @@ here: app.py passes st.query_params in and out).
 Only keys of inputs.DEFAULTS travel, each parsed back to its default's type; a value that
 does not parse, is out of the planner's bounds (inputs.MAXIMA), or names no catalog model /
 GPU preset / choice, is dropped (its widget keeps its default, and the page says which
-were dropped and why) rather than breaking the page. The uploaded config cannot travel in a
-link: a shared upload-plan opens on the upload source, waiting for the file.
+were dropped and why) rather than breaking the page. The uploaded config travels as its
+content hash (`config_hash`, 64 hex digits, nothing else accepted, so a link cannot name a
+file): on the machine that stored it the link restores it (runners.config_store); elsewhere
+the page says it is not stored there. A hub model travels as its id (`hub_model_id`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import re
 from collections.abc import Mapping
 
 from planner.catalog import catalog_entries
+from planner.config_source import is_hub_model_id
 from planner.scenario import Attention, Device, Task
+from runners.config_store import is_config_hash
 from views.inputs import (
     DEFAULTS,
     GPU_PRESETS,
@@ -44,9 +48,12 @@ _WHOLE_NUMBER = re.compile(r"\+?[0-9]{1,30}")
 def encode(values: Mapping[str, object]) -> dict[str, str]:
     """Query parameters for the values that differ from the defaults (short links)."""
     params = {}
+    # A stored upload's hash and a hub id belong to their own source only.
+    source = values.get("model_source", DEFAULTS["model_source"])
+    unused = {"config_hash": source != "upload", "hub_model_id": source != "hub"}
     for key, default in DEFAULTS.items():
         value = values.get(key, default)
-        if value == default:
+        if value == default or unused.get(key, False):
             continue
         params[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
     return params
@@ -88,6 +95,10 @@ def _expected(key: str) -> str:
         return f"a whole number from 1 to {MAXIMA[key]:,}"
     if key in ("catalog_model", "gpu_preset"):
         return "a name from its list"
+    if key == "config_hash":
+        return "64 hexadecimal digits (a stored upload's SHA-256)"
+    if key == "hub_model_id":
+        return "a hub model id like owner/name"
     if key in _CHOICES:
         return "one of " + ", ".join(_CHOICES[key])
     if isinstance(DEFAULTS[key], bool):
@@ -101,6 +112,10 @@ def _parse(key: str, text: str) -> object | None:
     default = DEFAULTS[key]
     if key == "catalog_model":
         return text if text in catalog_entries() else None
+    if key == "config_hash":
+        return text.lower() if is_config_hash(text.lower()) else None
+    if key == "hub_model_id":
+        return text if is_hub_model_id(text) else None
     if key in _CHOICES:
         return text if text in _CHOICES[key] else None
     if isinstance(default, bool):

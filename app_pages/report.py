@@ -33,7 +33,8 @@ def render() -> None:
     try:
         report = build_report(context.shape, context.base_values, context.capacity_bytes, context.values.gpu_preset,
                               context.values.gpu_count, records, context.config, strategy=context.parallel.strategy,
-                              gpu=preset_gpu(context.values))
+                              gpu=preset_gpu(context.values),
+                              search_adapters=st.session_state.get("fit_search_adapters", True))
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")
         return

@@ -184,7 +184,9 @@ class RunQueue:
 
     def _one_process_runner(self) -> Runner:
         if self._runner is None:
-            from runners.verify import verify  # torch-free import, but kept off the page's path
+            from runners.verify import (
+                verify,  # torch-free import, but kept off the page's path
+            )
 
             self._runner = verify
         return self._runner

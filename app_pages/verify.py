@@ -10,15 +10,23 @@ import uuid
 
 import streamlit as st
 
-from app_pages.page_context import estimate_with_progress, rerun_when_a_run_finishes, start_page
+from app_pages.page_context import (
+    estimate_with_progress,
+    rerun_when_a_run_finishes,
+    start_page,
+)
 from app_pages.run_queue import get_queue
 from planner.errors import PlannerInputError
 from planner.units import format_bytes
 from runners.history import RunMode, RunStatus
-from runners.verify import cuda_is_likely_available
 from runners.unrecorded import unrecorded_note
+from runners.verify import cuda_is_likely_available
 from views.escaping import markdown_text
-from views.figures import category_comparison_figure, estimate_vs_measured_scatter, technique_bars_figure
+from views.figures import (
+    category_comparison_figure,
+    estimate_vs_measured_scatter,
+    technique_bars_figure,
+)
 from views.history_access import recent_runs
 from views.verify_results import (
     MODES,

@@ -8,6 +8,8 @@ Configs are parsed as JSON only: no pickle or other code-executing format is eve
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 from planner.catalog import catalog_config, catalog_entries
@@ -17,6 +19,23 @@ MAX_CONFIG_BYTES = 1 << 20  # a real config.json is a few KiB; 1 MiB leaves room
 MAX_JSON_DEPTH = 32
 HUB_TIMEOUT_S = 10.0
 HUB_URL = "https://huggingface.co"
+# Where the hub is: $PLANNER_HUB_URL, else huggingface_hub's own $HF_ENDPOINT (a mirror), else HUB_URL.
+HUB_URL_ENV = "PLANNER_HUB_URL"
+HUB_ADVICE = "download its config.json and pass the path"
+# The hub's repo names: letters, digits, '-', '_', '.', at most 96 characters, optionally
+# under an owner ("owner/name"); never '..' or a leading punctuation mark (no path tricks).
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+
+
+def configured_hub_url() -> str:
+    """The hub's base URL, read at call time (a test or a mirror sets it in the environment)."""
+    return (os.environ.get(HUB_URL_ENV, "").strip() or os.environ.get("HF_ENDPOINT", "").strip()
+            or HUB_URL).rstrip("/")
+
+
+def is_hub_model_id(text: object) -> bool:
+    """Whether `text` has the shape of a hub model id ("owner/name" or "name")."""
+    return isinstance(text, str) and _HUB_ID.fullmatch(text) is not None and ".." not in text
 
 
 def _depth(value, level: int = 0) -> int:
@@ -63,15 +82,18 @@ def config_from_path(path: Path) -> dict:
     return config_from_bytes(path.read_bytes(), path.name)
 
 
-def config_from_hub(model_id: str, timeout_s: float = HUB_TIMEOUT_S, hub_url: str = HUB_URL) -> dict:
-    """config.json of a hub model; a clear error (never a hang) when offline or unknown."""
+def config_from_hub(model_id: str, timeout_s: float = HUB_TIMEOUT_S, hub_url: str | None = None,
+                    advice: str = HUB_ADVICE) -> dict:
+    """config.json of a hub model; a clear error (never a hang) when offline or unknown.
+    `hub_url` None: configured_hub_url(); `advice` ends the offline message."""
     import urllib.error
     import urllib.parse
     import urllib.request
 
-    if not all(part and part not in (".", "..") for part in model_id.split("/")) or model_id.count("/") > 1:
-        raise PlannerInputError(f"{model_id!r} is not a hub model id like 'owner/name'")
-    url = f"{hub_url}/{urllib.parse.quote(model_id)}/resolve/main/config.json"
+    if not is_hub_model_id(model_id):
+        raise PlannerInputError(f"{str(model_id)[:200]!r} is not a hub model id like 'owner/name'")
+    base = configured_hub_url() if hub_url is None else hub_url
+    url = f"{base}/{urllib.parse.quote(model_id)}/resolve/main/config.json"
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 (fixed https host)
             data = response.read(MAX_CONFIG_BYTES + 1)
@@ -80,9 +102,21 @@ def config_from_hub(model_id: str, timeout_s: float = HUB_TIMEOUT_S, hub_url: st
     except (urllib.error.URLError, TimeoutError, OSError) as error:
         reason = getattr(error, "reason", error)
         raise PlannerInputError(
-            f"cannot reach the Hugging Face hub for {model_id!r} ({reason}): download its config.json and pass the path"
+            f"cannot reach the Hugging Face hub for {model_id!r} ({reason}): {advice}"
         ) from None
     return config_from_bytes(data, f"{model_id} config.json")
+
+
+def config_model_name(config: dict) -> str:
+    """What a config calls its model: its `_name_or_path`, else its first architecture, else
+    its model_type (a parsed config always has one); at most 200 characters."""
+    for value in (config.get("_name_or_path"),
+                  (config.get("architectures") or [None])[0] if isinstance(config.get("architectures"), list)
+                  else None,
+                  config.get("model_type")):
+        if isinstance(value, str) and value.strip():
+            return value.strip()[:200]
+    return "config.json"
 
 
 def model_label(config: dict, path: Path) -> str:

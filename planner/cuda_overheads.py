@@ -35,6 +35,9 @@ Known limitations:
   in 2.13's headers) makes workspace caching opt-in; without it cuBLAS uses its own
   default workspace, allocated outside the caching allocator. The items follow torch 2.13
   (the version read is the one whose declarations match 2.13's ATen/cuda/CUDAContextLight.h).
+- A ROCm GPU (planner.gpus.Runtime.ROCM: the MI300X) gets CUDA's figures as stand-ins,
+  each item labelled so in its name and note: no HIP context, hipBLASLt workspace or RCCL
+  reading is sourced here, and the CUDA figures are not claimed for it.
 - The driver's reservation is known for the H100 80 GB only (from two published readings);
   for the other GPUs it is not itemised (no published figure), and the capacity is the
   driver's total as `nvidia-smi` reports it (planner.gpus).
@@ -43,9 +46,9 @@ Known limitations:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from planner.gpus import GpuSpec
+from planner.gpus import GpuSpec, Runtime
 from planner.strategy import ParallelPlan, Strategy
 from planner.units import GIB, KIB, MIB
 
@@ -148,22 +151,28 @@ class CudaOverheads:
 #   ~400 MB  ptrblck (NVIDIA), CUDA >= 11.7 lazy    https://github.com/pytorch/pytorch/issues/109888
 #   426 MiB  RTX 6000 Ada, torch 2.10+cu130         https://github.com/unslothai/unsloth-zoo/pull/1053
 #   616 MiB  a bare context on cuda:0 (GPU not named) https://github.com/LMCache/LMCache/issues/4019
-# No report names a T4, A10, L4, A100, H100 or H200, and the context grows during a step
-# as lazy loading brings in the kernels used, so every GPU gets the upper report: a "fits"
-# verdict must not be optimistic. The range keeps the lowest report.
+# Of planner.gpus' rows only the RTX 3090 is named by a report (256 MiB, idle), and the
+# context grows during a step as lazy loading brings in the kernels used, so every GPU gets
+# the upper report: a "fits" verdict must not be optimistic. The range keeps the lowest report.
 CONTEXT_BYTES = 616 * MIB
 CONTEXT_LOW_BYTES = 256 * MIB
 CONTEXT_SOURCE = "https://github.com/LMCache/LMCache/issues/4019"
 
 
-def _context_item() -> OverheadItem:
+CONTEXT_READINGS_BY_GPU = {"rtx3090": "256 MiB idle on this GPU (invoke-ai/InvokeAI#9413)"}
+
+
+def _context_item(gpu: GpuSpec | None = None) -> OverheadItem:
+    named = CONTEXT_READINGS_BY_GPU.get(gpu.key) if gpu is not None else None
+    this_gpu = (f"one report names this GPU, {named}, but" if named is not None
+                else "no report names this GPU, and")
     return OverheadItem(
         "CUDA context (lazy module loading)", CONTEXT_BYTES, CONTEXT_SOURCE, OverheadKind.DOCUMENTED,
         low_bytes=CONTEXT_LOW_BYTES, high_bytes=CONTEXT_BYTES,
         note="upper published reading of an idle context (256 MiB RTX 3090, invoke-ai/InvokeAI#9413; "
              "~300-400 MB, pytorch/pytorch#107667 and #109888; 426 MiB RTX 6000 Ada, "
-             "unslothai/unsloth-zoo#1053; 616 MiB, LMCache/LMCache#4019); no report names this GPU, "
-             "and lazy loading adds the kernels a step uses")
+             f"unslothai/unsloth-zoo#1053; 616 MiB, LMCache/LMCache#4019); {this_gpu} "
+             "lazy loading adds the kernels a step uses")
 
 
 # --- Memory the driver keeps for itself ------------------------------------------------
@@ -237,7 +246,8 @@ def cublas_workspace_bytes(compute_capability: tuple[int, int] | None) -> int:
 def _cublas_items(gpu: GpuSpec | None) -> tuple[OverheadItem, ...]:
     cc = gpu.compute_capability if gpu is not None else None
     size = cublas_workspace_bytes(cc)
-    which = ("GPU not known: the larger size" if cc is None
+    which = (("GPU not known" if gpu is None else f"{gpu.label}: no CUDA compute capability") + ": the larger size"
+             if cc is None
              else f"compute capability {cc[0]}.{cc[1]}: "
                   + ("32 MiB" if cc[0] in CUBLAS_32MIB_MAJORS else "8 MiB + 128 KiB"))
     threads = ("main thread (forward)", "autograd device thread (backward)")
@@ -313,9 +323,27 @@ def cuda_overheads(gpu: GpuSpec | None, plan: ParallelPlan | None = None) -> Cud
     Trainer or the Accelerate loop; the allocator's segment rounding and expandable
     segments belong to the allocator's replay."""
     plan = plan if plan is not None else ParallelPlan()
-    outside = [_context_item()]
+    outside = [_context_item(gpu)]
     driver = _driver_item(gpu)
     if driver is not None:
         outside.append(driver)
     outside.extend(_nccl_items(plan))
-    return CudaOverheads(gpu.key if gpu is not None else None, plan, tuple(outside), _cublas_items(gpu))
+    inside = _cublas_items(gpu)
+    if gpu is not None and gpu.runtime is not Runtime.CUDA:
+        outside, inside = [_stand_in(i, gpu) for i in outside], tuple(_stand_in(i, gpu) for i in inside)
+    return CudaOverheads(gpu.key if gpu is not None else None, plan, tuple(outside), inside)
+
+
+ROCM_STAND_IN = "CUDA's figure standing in"
+
+
+def _stand_in(item: OverheadItem, gpu: GpuSpec) -> OverheadItem:
+    """`item` labelled as CUDA's figure used for a GPU that does not run CUDA (ROCm's HIP
+    context, hipBLASLt workspace and RCCL communicators have no sourced figure here)."""
+    runtime = _RUNTIME_NAMES[gpu.runtime]
+    return replace(item, name=f"{item.name} ({ROCM_STAND_IN}: {gpu.label} runs {runtime})",
+                   note=f"{runtime} GPU: no {runtime} figure is sourced, so CUDA's stands in, unverified "
+                        f"for it; {item.note}")
+
+
+_RUNTIME_NAMES = {Runtime.CUDA: "CUDA", Runtime.ROCM: "ROCm"}

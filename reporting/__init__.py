@@ -5,6 +5,12 @@ Markdown, CSV or JSON. No Streamlit here: the dashboard's Report page and the co
 The tables and figures a report shows are the pages' own, built once in `views`.
 """
 
-from reporting.build import Report, build_report, render_report, report_for_values, write_report
+from reporting.build import (
+    Report,
+    build_report,
+    render_report,
+    report_for_values,
+    write_report,
+)
 
 __all__ = ["Report", "build_report", "render_report", "report_for_values", "write_report"]

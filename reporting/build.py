@@ -108,11 +108,14 @@ class Report:
 def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes: int, gpu_label: str,
                  gpu_count: int = 1, records: Iterable = (), config: dict | None = None,
                  run_steps: int = DEFAULT_RUN_STEPS, local_sgd_steps: int | None = None,
-                 strategy: Strategy = Strategy.DDP, gpu: GpuSpec | None = None) -> Report:
+                 strategy: Strategy = Strategy.DDP, gpu: GpuSpec | None = None,
+                 search_adapters: bool = True) -> Report:
     """Everything a report shows, computed once. `records`: RunRecords (newest first) whose
     runs of this model are listed and matched to the techniques. With `gpu_count` > 1 the
     plan is per GPU under `strategy`, and the Multiple GPUs section compares the strategies,
-    and local SGD over `run_steps` optimizer steps (its K values with `local_sgd_steps` added)."""
+    and local SGD over `run_steps` optimizer steps (its K values with `local_sgd_steps` added).
+    `search_adapters`: What fits searches LoRA and QLoRA plans too (their first search probes
+    the model's step)."""
     values = {k: v for k, v in values.items() if k in SCENARIO_KEYS}
     scenario = scenario_from_values(**values)
     result = estimate(shape, scenario)
@@ -125,7 +128,7 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
     try:
         searchable_budget_bytes(capacity_bytes, scenario.device, gpu, parallel)
         fits, nearest, left_out = _fit_tables(shape, scenario, capacity_bytes, gpu_count, parallel.strategy,
-                                              room_for_plans(capacity_bytes, scenario.device, gpu))
+                                              room_for_plans(capacity_bytes, scenario.device, gpu), search_adapters)
     except PlannerInputError as error:  # the overheads alone fill the GPU: nothing to search
         fits, nearest, left_out = pd.DataFrame(), pd.DataFrame(), (str(error),)
     return Report(
@@ -146,7 +149,7 @@ FIT_ROWS_SHOWN = 10
 
 
 def _fit_tables(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int, strategy: Strategy,
-                room_for) -> tuple[pd.DataFrame, pd.DataFrame, tuple[str, ...]]:
+                room_for, search_adapters: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, tuple[str, ...]]:
     """The fit finder's best options (planner.fit) for the plan's effective batch and sequence,
     ranked by the fewest and safest changes to the plan; the nearest plans when none fits;
     the methods it left out and why."""
@@ -156,9 +159,10 @@ def _fit_tables(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int
 
     target = FitTarget(scenario.seq_len, effective_batch=scenario.batch_size * scenario.grad_accum_steps * gpu_count)
     result = find_fits(shape, scenario, capacity_bytes, target, nearest_gpu(capacity_bytes), gpu_count,
-                       with_max_seq_len=False, strategy=strategy, room_for=room_for)
+                       with_max_seq_len=False, strategy=strategy, room_for=room_for, lora=search_adapters)
     best = best_options_with_max_seq_len(shape, result, FIT_ROWS_SHOWN)
-    return pd.DataFrame(fit_rows(best)), pd.DataFrame(nearest_rows(result)), result.left_out
+    unsearched = () if search_adapters else ("LoRA and QLoRA plans not searched (What fits' checkbox)",)
+    return pd.DataFrame(fit_rows(best)), pd.DataFrame(nearest_rows(result)), (*unsearched, *result.left_out)
 
 
 # --- renderings ---------------------------------------------------------------------------
@@ -449,13 +453,13 @@ def report_for_values(values: Mapping[str, object], base_dir: Path | None = None
     first preset; `gpu_count`, default 1; `hub`: allow fetching the config; `run_steps` and
     `local_sgd_steps` for the Multiple GPUs section's local SGD comparison)."""
     from planner.loading import load_model_shape
-    from views.inputs import GPU_PRESET_KEYS, GPU_PRESETS
+    from views.inputs import DEFAULTS, GPU_PRESET_KEYS, GPU_PRESETS
 
     if not isinstance(values.get("config"), str):
         raise PlannerInputError("report needs --config: a catalog name or a config.json path")
     scenario_values = {k: values[k] for k in SCENARIO_KEYS if values.get(k) is not None}
     scenario = scenario_from_values(**scenario_values)
-    gpu = values.get("gpu") or next(iter(GPU_PRESETS))
+    gpu = values.get("gpu") or DEFAULTS["gpu_preset"]
     spec = None
     if gpu in GPU_PRESETS and GPU_PRESETS[gpu] is not None:
         capacity, label, spec = GPU_PRESETS[gpu], str(gpu), GPUS[GPU_PRESET_KEYS[gpu]]

@@ -114,10 +114,16 @@ class RunRecord:
             raise ValueError(f"run {self.id}: status {self.status.value} with finished_at={self.finished_at}")
 
 
+def data_dir() -> Path:
+    """The planner's data directory: `$PLANNER_DATA_DIR`, else `<project root>/data`; read at
+    call time. The run history and the stored uploads (runners.config_store) live here."""
+    configured = os.environ.get(DATA_DIR_ENV, "").strip()
+    return Path(configured).expanduser() if configured else PROJECT_ROOT / "data"
+
+
 def default_db_path() -> Path:
     """`$PLANNER_DATA_DIR/runs.sqlite3`, else `<project root>/data/runs.sqlite3`; read at call time."""
-    data_dir = os.environ.get(DATA_DIR_ENV, "").strip()
-    return (Path(data_dir).expanduser() if data_dir else PROJECT_ROOT / "data") / DB_FILENAME
+    return data_dir() / DB_FILENAME
 
 
 # --- schema -------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import torch
 
 from planner.strategy import Strategy, parse_strategy
 from runners.collectives import CollectiveCounter
-from runners.request import VERIFIED_STRATEGIES, Mode, VerifyRequest
+from runners.request import Mode, VerifyRequest
 
 SINGLE_PROCESS_ERROR = ("runners.rank_worker: RANK and WORLD_SIZE are not set, so this is a single process: "
                         "`accelerate launch --cpu --num_processes N` starts only one; use "

@@ -4,7 +4,12 @@ Every number the page shows is checked against planner.estimate called directly 
 same scenario, never against the page's own arithmetic.
 """
 
+import hashlib
+import http.server
 import json
+import socket
+import threading
+import time
 import tomllib
 from pathlib import Path
 
@@ -12,6 +17,7 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
+from app_pages.query_state import encode
 from planner.catalog import CATALOG_DIR
 from planner.config_source import config_from_bytes
 from planner.cuda_overheads import cuda_overheads
@@ -20,7 +26,7 @@ from planner.estimate import estimate
 from planner.gpus import GPUS
 from planner.loading import load_model_shape, model_shape_for_config
 from planner.scenario import Task, scenario_from_values
-from planner.units import GIB
+from planner.units import GIB, format_bytes
 from views.escaping import markdown_text
 from views.inputs import DEFAULTS, GPU_PRESET_KEYS, GPU_PRESETS
 
@@ -28,6 +34,12 @@ APP = Path(__file__).resolve().parents[1] / "app.py"
 TIMEOUT_S = 60  # the first run imports transformers and builds a shape on the meta device
 SCENARIO_KEYS = ("task", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
                  "grad_accum", "attn", "device", "num_labels")
+
+
+@pytest.fixture(autouse=True)
+def isolated_data_dir(tmp_path, monkeypatch):
+    # Uploads are stored by hash in the data directory (runners.config_store): a fresh one per test.
+    monkeypatch.setenv("PLANNER_DATA_DIR", str(tmp_path / "data"))
 
 
 def run_app() -> AppTest:
@@ -171,17 +183,20 @@ def test_uploaded_config_is_estimated_as_the_task_its_architectures_name():
     scenario = scenario_from_values(**{key: DEFAULTS[key] for key in SCENARIO_KEYS} | {"task": "causal-lm"})
     shape = model_shape_for_config(json.loads(data), scenario.task, scenario.num_labels, "config.json")
     assert_page_shows(at, estimate(shape, scenario))
-    assert at.caption[0].value.startswith("**config.json**: OPTForCausalLM")
+    # Named by its model (no _name_or_path: its architecture) and the upload's short hash.
+    assert at.caption[0].value.startswith(f"**OPTForCausalLM · {hashlib.sha256(data).hexdigest()[:12]}**: "
+                                          "OPTForCausalLM")
     assert not [i for i in at.info if "architectures" in i.value]  # planned as the config says: nothing to note
 
 
 def test_a_task_chosen_over_the_uploaded_configs_is_noted():
     data = (CATALOG_DIR / "mistral-7b-v0.1.json").read_bytes()  # architectures: MistralForCausalLM
     at = upload(run_app(), data)
-    assert at.caption[0].value.startswith("**config.json**: MistralForCausalLM")
+    label = f"MistralForCausalLM · {hashlib.sha256(data).hexdigest()[:12]}"
+    assert at.caption[0].value.startswith(f"**{label}**: MistralForCausalLM")
     at.selectbox(key="task").set_value("sequence-classification").run()
     assert not at.exception and not at.error
-    assert at.caption[0].value.startswith("**config.json**: MistralForSequenceClassification")
+    assert at.caption[0].value.startswith(f"**{label}**: MistralForSequenceClassification")
     assert at.info[0].value == ("The config's architectures name MistralForCausalLM (causal-lm); planned as "
                                 "sequence-classification, the task chosen in the sidebar.")
 
@@ -218,3 +233,161 @@ def test_the_page_needs_no_network_and_shows_no_deploy_button(monkeypatch):
     assert not icon.startswith(":material") and "://" not in icon
     settings = tomllib.loads((APP.parent / ".streamlit" / "config.toml").read_text())
     assert settings["client"]["toolbarMode"] == "minimal"  # hides Deploy and the developer menu
+
+
+# --- Uploads kept for links, hub model ids (issue 14) ---------------------------------------
+
+def test_an_upload_s_link_restores_it_without_the_file():
+    data = (CATALOG_DIR / "llama-2-7b.json").read_bytes()  # _name_or_path: meta-llama/Llama-2-7b-hf
+    at = upload(run_app(), data)
+    digest = hashlib.sha256(data).hexdigest()
+    assert at.session_state["config_hash"] == digest
+    assert encode({key: at.session_state[key] for key in DEFAULTS if key in at.session_state})["config_hash"] == digest
+    caption = at.caption[0].value
+    assert caption.startswith(f"**{markdown_text(json.loads(data)['_name_or_path'])} · {digest[:12]}**: ")
+    shown = shown_bytes(at)
+    # A new session from the shared link: no file uploaded, the same model and numbers.
+    shared = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
+    shared.query_params.update({"model_source": "upload", "config_hash": digest, "task": "causal-lm"})
+    shared.run()
+    assert not shared.exception and not shared.error, [e.value for e in shared.error]
+    assert shared.caption[0].value == caption and shown_bytes(shared) == shown
+
+
+def test_a_link_to_an_upload_stored_elsewhere_says_so_in_one_line():
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
+    at.query_params.update({"model_source": "upload", "config_hash": "cd" * 32})
+    at.run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [markdown_text(
+        "no uploaded config cdcdcdcdcdcd… is stored on this machine: upload its config.json again "
+        "(a link restores an upload only where it was made)")]
+    assert at.file_uploader(key="config_upload") is not None  # the sidebar waits for the file
+
+
+def test_a_bad_hash_in_a_link_is_dropped_before_any_file_is_read(tmp_path):
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
+    at.query_params.update({"model_source": "upload", "config_hash": "../../../etc/passwd"})
+    at.run()
+    assert not at.exception and not at.error
+    assert "config_hash must be 64 hexadecimal digits" in at.warning[0].value
+    assert "Upload" in at.info[0].value and not (tmp_path / "data").exists()
+
+
+class _FakeHub(http.server.BaseHTTPRequestHandler):
+    configs: dict = {}  # "/<id>/resolve/main/config.json" -> bytes
+    requests: list = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        type(self).requests.append(self.path)
+        data = self.configs.get(self.path)
+        self.send_response(200 if data is not None else 404)
+        self.end_headers()
+        if data is not None:
+            self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """A local hub serving the catalog's Mistral config as mistralai/Mistral-7B-v0.1."""
+    st.cache_data.clear()
+    _FakeHub.configs = {"/mistralai/Mistral-7B-v0.1/resolve/main/config.json":
+                        (CATALOG_DIR / "mistral-7b-v0.1.json").read_bytes()}
+    _FakeHub.requests = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeHub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("PLANNER_HUB_URL", f"http://127.0.0.1:{server.server_address[1]}")
+    yield _FakeHub
+    server.shutdown()
+    server.server_close()
+    st.cache_data.clear()
+
+
+def hub_model(at: AppTest, model_id: str) -> AppTest:
+    if at.radio(key="model_source").value != "hub":
+        at.radio(key="model_source").set_value("hub").run()
+    return at.text_input(key="hub_model_id").input(model_id).run()
+
+
+def test_a_hub_model_id_is_fetched_once_and_planned_as_its_architectures_name(fake_hub):
+    at = run_app()
+    at.radio(key="model_source").set_value("hub").run()
+    assert not at.error and "hub model id" in at.info[0].value
+    at = hub_model(at, "mistralai/Mistral-7B-v0.1")
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert at.selectbox(key="task").value == "causal-lm"  # MistralForCausalLM
+    assert at.caption[0].value.startswith("**mistralai/Mistral-7B-v0.1**: MistralForCausalLM")
+    data = fake_hub.configs["/mistralai/Mistral-7B-v0.1/resolve/main/config.json"]
+    scenario = scenario_from_values(**{key: DEFAULTS[key] for key in SCENARIO_KEYS} | {"task": "causal-lm"})
+    shape = model_shape_for_config(json.loads(data), scenario.task, scenario.num_labels, "mistral")
+    assert_page_shows(at, estimate(shape, scenario))
+    at.number_input(key="batch_size").set_value(2).run()  # reruns reuse the fetched config
+    assert not at.error
+    assert fake_hub.requests == ["/mistralai/Mistral-7B-v0.1/resolve/main/config.json"]
+    assert at.session_state["hub_model_id"] == "mistralai/Mistral-7B-v0.1"  # and the link carries it
+    assert encode({"model_source": "hub", "hub_model_id": "mistralai/Mistral-7B-v0.1"})["hub_model_id"]
+    at.selectbox(key="task").set_value("sequence-classification").run()  # a task over the config's is noted
+    assert at.info[0].value.startswith("The config's architectures name MistralForCausalLM (causal-lm)")
+
+
+def test_an_unknown_hub_id_is_one_line_and_the_page_recovers(fake_hub):
+    at = hub_model(run_app(), "nobody/nothing")
+    assert not at.exception
+    assert [e.value for e in at.error] == [markdown_text("the hub has no config.json for 'nobody/nothing' (HTTP 404)")]
+    at = hub_model(at, "mistralai/Mistral-7B-v0.1")
+    assert not at.error and at.dataframe
+
+
+def test_offline_the_hub_source_says_so_quickly_and_the_page_stays(monkeypatch):
+    st.cache_data.clear()
+    with socket.socket() as probe:  # a port nobody listens on: refused at once, as offline
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("PLANNER_HUB_URL", f"http://127.0.0.1:{port}")
+    at = run_app()
+    started = time.monotonic()
+    at = hub_model(at, "owner/model")
+    assert time.monotonic() - started < 10  # never a hang
+    assert not at.exception
+    [error] = at.error
+    assert error.value.startswith(markdown_text("cannot reach the Hugging Face hub for 'owner/model' ("))
+    assert "upload it" in error.value and "\n" not in error.value
+    assert at.title[0].value == "Plan" and at.selectbox(key="gpu_preset") is not None  # the page otherwise intact
+    at.radio(key="model_source").set_value("catalog").run()
+    assert not at.error and at.dataframe
+    st.cache_data.clear()
+
+
+def chart_spec(at: AppTest, index: int) -> dict:
+    return json.loads(at.get("plotly_chart")[index].proto.spec)
+
+
+def test_the_plan_page_marks_your_plan_on_peak_against_batch_size():
+    at = run_app()
+    at.number_input(key="batch_size").set_value(4).run()
+    at.number_input(key="grad_accum").set_value(2).run()
+    result = expected_estimate(batch_size=4, grad_accum=2)
+    spec = chart_spec(at, 1)  # the second chart: peak against batch size
+    [marker] = [t for t in spec["data"] if t["name"].startswith("your plan")]
+    assert marker["name"] == "your plan (batch 8)"  # the effective batch: 4 x 2 micro-batches
+    assert marker["x"] == [8] and marker["y"] == pytest.approx([result.peak_bytes / GIB])
+    assert marker["customdata"] == [[f"{result.peak_bytes:,}", format_bytes(result.peak_bytes)]]
+    assert "bytes" in marker["hovertemplate"]
+
+
+def test_a_failed_hub_fetch_is_remembered_for_a_while_only(fake_hub):
+    from app_pages import model_cache
+    assert model_cache._hub_attempt._info.ttl == model_cache.HUB_RETRY_S == 30  # an error expires
+    assert model_cache._hub_config._info.ttl is None  # a config is kept
+    path = "/someone/later/resolve/main/config.json"
+    at = hub_model(run_app(), "someone/later")
+    assert "HTTP 404" in at.error[0].value
+    fake_hub.configs[path] = (CATALOG_DIR / "gpt2.json").read_bytes()  # the id appears on the hub
+    at.number_input(key="batch_size").set_value(2).run()
+    assert "HTTP 404" in at.error[0].value and fake_hub.requests == [path]  # within the ttl: no refetch
+    model_cache._hub_attempt.clear()  # the ttl running out
+    at.number_input(key="batch_size").set_value(3).run()
+    assert not at.error and at.dataframe and fake_hub.requests == [path, path]

@@ -2,12 +2,29 @@
 
 import pytest
 
+"""views.figures: the phase breakdown figure, checked against the estimate it draws;
+the log scale, the current-scenario marker and What fits' legend on the figure objects."""
+
+import dataclasses
+from types import SimpleNamespace
+
 from planner.estimate import estimate
+from planner.finetune import Method
 from planner.loading import load_model_shape
 from planner.scenario import scenario_from_values
-from planner.units import GIB
+from planner.strategy import Strategy
+from planner.units import GIB, format_bytes
 from views.breakdown import CATEGORY_LABELS
-from views.figures import CAPACITY_PREFIX, phase_breakdown_figure
+from views.figures import (
+    BEST_NAME,
+    CAPACITY_PREFIX,
+    CURRENT_PREFIX,
+    LOG_SCALE_NOTE,
+    LOG_SCALE_RATIO,
+    fit_options_figure,
+    phase_breakdown_figure,
+    wants_log_y,
+)
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +124,77 @@ def test_scatter_has_y_equals_x_and_a_three_percent_band():
     runs = figure.data[names.index("runs")]
     assert list(runs.x) == [1.0, 1.0] and list(runs.y) == [1.0, 2.0]
     assert "measured" in figure.layout.xaxis.title.text and "GiB" in figure.layout.yaxis.title.text
+
+
+# --- A log scale where one line dwarfs the rest (issue 14) ---------------------------------
+
+def test_log_y_axis_when_one_line_dwarfs_the_rest():
+    dwarfed = {"AdamW": [(1, 50 * GIB), (2, 100 * GIB)], "LoRA": [(1, GIB), (2, 2 * GIB)]}  # 100x
+    figure = memory_vs_batch_figure(dwarfed, 3 * GIB)
+    assert figure.layout.yaxis.type == "log"
+    assert figure.layout.yaxis.title.text == "peak GiB (2^30 bytes)" + LOG_SCALE_NOTE
+    even = {"AdamW": [(1, 2 * GIB), (2, 4 * GIB)], "LoRA": [(1, GIB), (2, 2 * GIB)]}  # 4x
+    assert memory_vs_batch_figure(even).layout.yaxis.type != "log"
+    assert memory_vs_batch_figure({"AdamW": dwarfed["AdamW"] + [(4, GIB // 100)]}).layout.yaxis.type != "log"
+    # Lines that each rise 100x with the batch, neither dwarfing the other: linear.
+    rising = {"AdamW": [(1, GIB), (64, 100 * GIB)], "8-bit": [(1, GIB // 2), (64, 60 * GIB)]}
+    assert memory_vs_batch_figure(rising).layout.yaxis.type != "log"
+    assert memory_vs_batch_figure(dwarfed, log_y=False).layout.yaxis.type != "log"  # the caller may say
+    assert memory_vs_batch_figure(even, log_y=True).layout.yaxis.type == "log"
+
+
+def test_log_y_axis_on_bars_counts_non_zero_bars_only():
+    assert technique_bars_figure(["a", "b"], [40 * GIB, GIB], [None, None]).layout.yaxis.type == "log"
+    assert technique_bars_figure(["a", "b"], [4 * GIB, GIB], [None, 0]).layout.yaxis.type != "log"
+    figure = category_comparison_figure({"weights": 30 * GIB, "temporaries": GIB // 10}, {})
+    assert figure.layout.yaxis.type == "log" and figure.layout.xaxis.title.text == "category"
+    assert wants_log_y([[1.0, None, 0.0], [LOG_SCALE_RATIO + 0.5]]) and not wants_log_y([[1.0], [LOG_SCALE_RATIO]])
+    assert not wants_log_y([[1.0, 100.0]])  # one trace: nothing to dwarf
+
+
+# --- The user's own scenario on "peak against batch size" --------------------------------
+
+def test_the_current_scenario_is_a_labelled_marker_with_bytes_in_its_hover():
+    series = {"AdamW": [(1, GIB), (2, 2 * GIB), (4, 4 * GIB)], "8-bit": [(1, GIB // 2), (2, GIB), (4, 2 * GIB)]}
+    peak = 3 * GIB + 12_345
+    figure = memory_vs_batch_figure(series, 8 * GIB, current=(2, peak))
+    [marker] = [t for t in figure.data if t.name.startswith(CURRENT_PREFIX)]
+    assert marker.name == f"{CURRENT_PREFIX} (batch 2)"
+    assert list(marker.x) == [2] and list(marker.y) == pytest.approx([peak / GIB])
+    assert marker.marker.symbol == "star" and marker.mode == "markers+text"
+    assert list(marker.text) == [f"{CURRENT_PREFIX}: {format_bytes(peak)}"]
+    assert list(marker.customdata[0]) == [f"{peak:,}", format_bytes(peak)]
+    assert "bytes" in marker.hovertemplate and "%{customdata[1]}" in marker.hovertemplate
+    assert not [t for t in memory_vs_batch_figure(series).data if t.name.startswith(CURRENT_PREFIX)]
+    # The marker is no line: the log-scale choice reads the technique lines only.
+    assert memory_vs_batch_figure(series, current=(2, 1000 * GIB)).layout.yaxis.type != "log"
+
+
+# --- What fits' scatter: a legend by optimizer, precision and strategy --------------------
+
+def _option(optimizer: str, precision: str, strategy: Strategy, peak: int, step_s: float, method: str = "full"):
+    scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=128, optimizer=optimizer,
+                                    precision=precision)
+    scenario = dataclasses.replace(scenario, finetune=dataclasses.replace(scenario.finetune, method=Method(method)))
+    return SimpleNamespace(scenario=scenario, strategy=strategy, peak_bytes=peak, step_time_s=step_s)
+
+
+def test_fit_scatter_has_a_legend_by_optimizer_precision_and_strategy():
+    options = [_option("adamw", "bf16-mixed", Strategy.DDP, 10 * GIB, 1.0),
+               _option("adamw", "bf16-mixed", Strategy.DDP, 11 * GIB, 1.2),
+               _option("adam8bit", "bf16-mixed", Strategy.DDP, 8 * GIB, 1.1),
+               _option("adamw", "fp32", Strategy.ZERO3, 12 * GIB, 2.0),
+               _option("adamw", "fp32", Strategy.ZERO3, 6 * GIB, 2.5, method="lora")]
+    figure = fit_options_figure(SimpleNamespace(options=options, capacity_bytes=16 * GIB))
+    plans = [t for t in data_traces(figure) if t.name != BEST_NAME]
+    assert [(t.legendgroup, t.name, len(t.x)) for t in plans] == [
+        ("ddp", "adamw, bf16-mixed", 2), ("ddp", "adam8bit, bf16-mixed", 1),
+        ("zero3", "adamw, fp32", 1), ("zero3", "adamw, fp32, lora", 1)]
+    assert plans[0].legendgrouptitle.text == "strategy: ddp"
+    assert plans[0].marker.color == plans[2].marker.color != plans[1].marker.color  # colour: the optimizer
+    assert plans[0].marker.symbol == plans[1].marker.symbol != plans[2].marker.symbol  # symbol: the precision
+    assert figure.layout.showlegend is True
+    [best] = [t for t in figure.data if t.name == BEST_NAME]
+    assert list(best.x) == [1.0] and list(best.y) == [10.0]
+    assert f"{10 * GIB:,}" in list(plans[0].customdata[0]) and "bytes" in plans[0].hovertemplate
+    assert sum(len(t.x) for t in plans) == len(options)

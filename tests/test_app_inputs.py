@@ -1,18 +1,20 @@
 """The dashboard's plain modules: sidebar values -> planner inputs (views.inputs),
 the breakdown table and the fits verdict (views.breakdown). No Streamlit here."""
 
+import hashlib
 import json
 from dataclasses import replace
 
 import pytest
 
-from planner.verdict import DeviceVerdict
 from planner.catalog import CATALOG_DIR, catalog_entries
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
 from planner.loading import load_model_shape
 from planner.scenario import Checkpointing, Optimizer, Task, scenario_from_values
 from planner.units import GIB, MIB
+from planner.verdict import DeviceVerdict
+from runners.config_store import is_config_hash, load_config, store_dir
 from views.breakdown import PEAK_LABEL, breakdown_table, verdict_for
 from views.inputs import (
     CUSTOM_GPU,
@@ -23,7 +25,10 @@ from views.inputs import (
     capacity_bytes,
     default_task,
     model_config,
+    preset_caption,
+    remember_upload,
     scenario_for,
+    upload_label,
 )
 
 
@@ -78,7 +83,8 @@ def test_model_config_from_catalog_and_upload():
     assert name == "gpt2" and config == json.loads((CATALOG_DIR / "gpt2.json").read_text())
     data = (CATALOG_DIR / "opt-125m.json").read_bytes()
     uploaded = defaults(model_source="upload", config_upload=UploadedConfig("my.json", data))
-    assert model_config(uploaded) == (json.loads(data), "my.json")
+    # Named by the model (opt-125m.json has no _name_or_path: its architecture), and the upload's short hash.
+    assert model_config(uploaded) == (json.loads(data), f"OPTForCausalLM · {hashlib.sha256(data).hexdigest()[:12]}")
     assert model_config(defaults(model_source="upload")) is None
 
 
@@ -142,3 +148,75 @@ def test_verdict_margin_and_headline():
     assert DeviceVerdict(peak_bytes=GIB, capacity_bytes=GIB, overheads=None).fits  # exactly full still fits
     result = _distilbert_estimate(device="cpu")
     assert verdict_for(result, 15 * GIB) == DeviceVerdict(result.peak_bytes, 15 * GIB, None)
+
+
+# --- Uploads kept by hash, hub ids (issue 14) -----------------------------------------------
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLANNER_DATA_DIR", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+def test_an_upload_is_stored_by_hash_and_a_link_restores_it(data_dir):
+    data = (CATALOG_DIR / "llama-2-7b.json").read_bytes()  # has a _name_or_path
+    digest = remember_upload(FakeUploadedFile("config.json", data))
+    assert digest == hashlib.sha256(data).hexdigest() and is_config_hash(digest)
+    assert (data_dir / "configs" / f"{digest}.json").read_bytes() == data == load_config(digest)
+    assert store_dir() == data_dir / "configs"
+    # A link carries the hash alone: the same config and label, no file uploaded.
+    config, name = model_config(defaults(model_source="upload", config_hash=digest))
+    assert config == json.loads(data)
+    assert name == f"{json.loads(data)['_name_or_path']} · {digest[:12]}" == upload_label(config, digest)
+    assert remember_upload(FakeUploadedFile("config.json", data)) == digest  # stored once
+    assert remember_upload(None) == "" and remember_upload(FakeUploadedFile("x.json", b"not json")) == ""
+    assert not [p for p in (data_dir / "configs").iterdir() if p.name != f"{digest}.json"]  # no bad file kept
+
+
+def test_a_hash_not_stored_here_is_a_clear_one_line_error(data_dir):
+    missing = "ab" * 32
+    with pytest.raises(PlannerInputError, match="no uploaded config abababababab… is stored on this machine") as raised:
+        model_config(defaults(model_source="upload", config_hash=missing))
+    assert "\n" not in str(raised.value)
+    for bad in ("../../etc/passwd", "AB" * 32, "ab" * 31, "ab" * 32 + "/x", ""):
+        if bad:
+            with pytest.raises(PlannerInputError, match="64 hexadecimal digits"):
+                load_config(bad)
+    assert not data_dir.exists()  # nothing looked up, nothing created
+
+
+def test_a_damaged_stored_config_says_so(data_dir):
+    data = (CATALOG_DIR / "gpt2.json").read_bytes()
+    digest = remember_upload(FakeUploadedFile("config.json", data))
+    (data_dir / "configs" / f"{digest}.json").write_bytes(data + b" ")
+    with pytest.raises(PlannerInputError, match="damaged"):
+        model_config(defaults(model_source="upload", config_hash=digest))
+
+
+def test_a_hub_id_is_fetched_through_the_page_s_fetcher():
+    config = json.loads((CATALOG_DIR / "gpt2.json").read_text())
+    asked = []
+    fetch = lambda model_id: asked.append(model_id) or config  # noqa: E731
+    assert model_config(defaults(model_source="hub", hub_model_id=" openai/gpt2 "), fetch) == (config, "openai/gpt2")
+    assert asked == ["openai/gpt2"]
+    assert model_config(defaults(model_source="hub", hub_model_id=""), fetch) is None  # waiting for an id
+    with pytest.raises(PlannerInputError, match="not a hub model id"):
+        model_config(defaults(model_source="hub", hub_model_id="../x"), fetch)
+    assert asked == ["openai/gpt2"]
+
+
+def test_every_preset_is_a_gpu_row_with_its_capacity_and_how_it_was_obtained():
+    from planner.gpus import GPUS
+    from views.inputs import GPU_PRESET_KEYS
+    for preset, key in GPU_PRESET_KEYS.items():
+        if key is None:
+            assert preset == CUSTOM_GPU and preset_caption(preset) == ""
+            continue
+        assert GPU_PRESETS[preset] == GPUS[key].capacity_bytes
+        assert f"{GPUS[key].capacity_bytes:,} bytes" in preset_caption(preset)
+    assert "datasheet figure" in preset_caption("RTX 4060 Ti · 16 GB")
+    assert "rocm-smi" in preset_caption("MI300X · 192 GB (ROCm)")
+    assert "nvidia-smi" in preset_caption("RTX 3060 · 12 GB")
+    wanted = {"rtx4060", "rtx3060", "rtx4060ti-16gb", "rtx4080", "rtx3090", "rtx4090", "v100-16gb", "v100-32gb",
+              "a6000", "l40s", "a100-40gb", "a100-80gb", "h100", "h200", "mi300x"}
+    assert wanted <= set(GPU_PRESET_KEYS.values())

@@ -177,7 +177,22 @@ def test_query_string_round_trip():
     assert decode(params) == {k: v for k, v in values.items() if DEFAULTS[k] != v}
 
 
+def test_a_stored_upload_and_a_hub_id_travel_in_the_link():
+    digest = "0123456789abcdef" * 4
+    values = {**DEFAULTS, "model_source": "upload", "config_hash": digest}
+    assert encode(values) == {"model_source": "upload", "config_hash": digest}
+    assert decode(encode(values)) == {"model_source": "upload", "config_hash": digest}
+    assert decode({"config_hash": digest.upper()}) == {"config_hash": digest}
+    hub = {**DEFAULTS, "model_source": "hub", "hub_model_id": "mistralai/Mistral-7B-v0.1"}
+    assert decode(encode(hub)) == {"model_source": "hub", "hub_model_id": "mistralai/Mistral-7B-v0.1"}
+    assert encode({**values, "model_source": "catalog"}) == {}  # a hash only with its source
+    assert encode({**hub, "model_source": "upload"}) == {"model_source": "upload"}
+
+
 @pytest.mark.parametrize("params", [
+    {"config_hash": "../../etc/passwd"}, {"config_hash": "ab" * 31}, {"config_hash": "zz" * 32},
+    {"config_hash": "ab" * 32 + ".json"}, {"hub_model_id": "../secrets"}, {"hub_model_id": "a/b/c"},
+    {"hub_model_id": "owner/x?y=1"}, {"hub_model_id": "-x/y"}, {"model_source": "ftp"},
     {"batch_size": "0"}, {"batch_size": "-3"}, {"batch_size": "x"}, {"catalog_model": "no-such"},
     {"optimizer": "lion"}, {"gpu_custom_gib": "nan"}, {"gpu_custom_gib": "0"}, {"gradient_checkpointing": "maybe"},
     {"unknown": "1"}, {"gpu_preset": "TPU"}, {"gpu_count": "5000"}, {"task": "regression"},

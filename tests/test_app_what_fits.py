@@ -18,7 +18,13 @@ from planner.parallel import parallel_estimate
 from planner.scenario import Task, scenario_from_values
 from planner.strategy import ParallelPlan
 from planner.units import format_bytes
-from views.inputs import DEFAULTS, GPU_PRESET_KEYS, SidebarValues, capacity_bytes, scenario_for
+from views.inputs import (
+    DEFAULTS,
+    GPU_PRESET_KEYS,
+    SidebarValues,
+    capacity_bytes,
+    scenario_for,
+)
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 TABLE_WIDTH_PX = 980  # a table's width in a 1,440 px browser window beside the sidebar (wide layout)
@@ -196,3 +202,17 @@ def test_nothing_fits_shows_the_nearest_plans_and_their_misses():
         assert int(row["over by (bytes)"]) == over > 0
         assert row["over by (%)"] == pytest.approx(100 * over / capacity)
     assert any("LoRA and QLoRA plans not searched" in c.value for c in at.caption)
+
+
+def test_the_chart_tells_the_plans_apart_by_optimizer_precision_and_strategy():
+    at = what_fits()
+    result = expected_result()
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    plans = [t for t in spec["data"] if t.get("legendgroup")]
+    assert sum(len(t["x"]) for t in plans) == len(result.options)
+    expected = {(o.strategy.value, f"{o.scenario.optimizer.value}, {o.scenario.precision.value}")
+                for o in result.options if not o.scenario.finetune.uses_adapters}
+    assert expected <= {(t["legendgroup"], t["name"]) for t in plans}
+    assert spec["layout"]["showlegend"] is True
+    colours = {t["name"].split(",")[0]: t["marker"]["color"] for t in plans}
+    assert len(set(colours.values())) == len(colours)  # one colour per optimizer

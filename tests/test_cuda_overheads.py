@@ -9,6 +9,7 @@ import re
 import pytest
 
 from planner.cuda_overheads import (
+    ROCM_STAND_IN,
     CudaOverheads,
     OverheadItem,
     OverheadKind,
@@ -17,7 +18,7 @@ from planner.cuda_overheads import (
     cuda_overheads,
     nccl_communicators,
 )
-from planner.gpus import GPUS, GpuSpec
+from planner.gpus import GPUS, GpuSpec, Runtime
 from planner.strategy import MULTI_DEVICE_STRATEGIES, ParallelPlan, Strategy
 
 MIB = 2**20
@@ -157,10 +158,48 @@ def test_items_are_frozen_and_checked():
 def test_gpu_specs_carry_compute_capability():
     # NVIDIA's table, https://developer.nvidia.com/cuda-gpus
     expected = {"t4": (7, 5), "l4": (8, 9), "a10": (8, 6), "rtx4090": (8, 9), "a100-40gb": (8, 0),
-                "a100-80gb": (8, 0), "h100": (9, 0), "h200": (9, 0)}
+                "a100-80gb": (8, 0), "h100": (9, 0), "h200": (9, 0),
+                "rtx4060": (8, 9), "rtx3060": (8, 6), "rtx4060ti-16gb": (8, 9), "rtx4080": (8, 9),
+                "rtx3090": (8, 6), "v100-16gb": (7, 0), "v100-32gb": (7, 0), "a6000": (8, 6), "l40s": (8, 9),
+                "mi300x": None}  # ROCm: a gfx942, no CUDA compute capability
     assert {k: g.compute_capability for k, g in GPUS.items()} == expected
     plain = GpuSpec("x", "X", 1, 1.0, 1.0, 1.0, 1.0)  # built without one, as before
     assert plain.compute_capability is None
     for bad in ((9,), (9, -1), ("9", "0"), (0, 0), [9, 0], (True, 0)):
         with pytest.raises(ValueError):
             GpuSpec("x", "X", 1, 1.0, 1.0, 1.0, 1.0, compute_capability=bad)
+
+
+def test_a_rocm_gpu_gets_cuda_figures_only_as_labelled_stand_ins():
+    # The MI300X runs ROCm (HIP): no HIP context, hipBLASLt or RCCL figure is sourced, so every
+    # item says it is CUDA's figure standing in; NVIDIA GPUs' items say nothing of the kind.
+    mi300x = GPUS["mi300x"]
+    assert mi300x.runtime is Runtime.ROCM and mi300x.compute_capability is None
+    for plan in PLANS:
+        o = cuda_overheads(mi300x, plan)
+        for item in o.items + o.allocator_items:
+            assert ROCM_STAND_IN in item.name and "runs ROCm" in item.name, item.name
+            assert item.note.startswith("ROCm GPU: no ROCm figure is sourced"), item.note
+    for key, gpu in GPUS.items():
+        if gpu.runtime is Runtime.CUDA:
+            o = cuda_overheads(gpu, ParallelPlan(2, Strategy.ZERO3))
+            assert not [i for i in o.items + o.allocator_items if ROCM_STAND_IN in i.name], key
+    with pytest.raises(ValueError):  # a compute capability is CUDA's
+        GpuSpec("x", "X", 1, 1.0, 1.0, 1.0, 1.0, compute_capability=(9, 0), runtime=Runtime.ROCM)
+
+
+def test_every_gpu_row_says_where_its_capacity_comes_from():
+    # Rows added for issue 14 name their source; a datasheet figure says it is one.
+    first_rows = {"t4", "l4", "a10", "a100-40gb", "a100-80gb", "h200"}  # readings not recorded with them
+    for key, gpu in GPUS.items():
+        if key not in first_rows:
+            assert gpu.capacity_source, key
+        if gpu.capacity_from_datasheet:
+            assert "datasheet" in gpu.capacity_basis and "datasheet" in gpu.capacity_source, key
+        else:
+            assert "reports it" in gpu.capacity_basis, key
+        assert gpu.capacity_bytes % MIB == 0, key  # the drivers report whole MiB
+    assert [k for k, g in GPUS.items() if g.capacity_from_datasheet] == ["rtx4060ti-16gb"]
+    assert GPUS["mi300x"].capacity_bytes == 206_141_652_992  # rocm-smi's VRAM Total Memory
+    with pytest.raises(ValueError):
+        GpuSpec("x", "X", 1, 1.0, 1.0, 1.0, 1.0, capacity_from_datasheet=True)  # which datasheet?

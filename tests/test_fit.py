@@ -43,7 +43,7 @@ from planner.scenario import (
 )
 from planner.step_time import step_time
 from planner.strategy import ParallelPlan, Strategy
-from planner.units import GIB
+from planner.units import GIB, MIB
 from runners.measure import measure_in_process
 from runners.request import Mode
 
@@ -153,7 +153,9 @@ def test_step_time_model(gpt2):
     eight_bit = step_time(gpt2, dataclasses.replace(plan, optimizer=Optimizer.ADAMW8BIT), A10)
     assert eight_bit.optimizer_s < plain.optimizer_s
     assert step_time(gpt2, plan, A10, utilisation=0.2).compute_s == pytest.approx(2 * plain.compute_s)
-    assert nearest_gpu(24 * GIB).key == "rtx4090" and nearest_gpu(80 * GIB).key in ("a100-80gb", "h100")
+    # 24 GiB is the RTX 3090's reported total exactly; 24,564 MiB the RTX 4090's.
+    assert nearest_gpu(24 * GIB).key == "rtx3090" and nearest_gpu(24564 * MIB).key == "rtx4090"
+    assert nearest_gpu(80 * GIB).key in ("a100-80gb", "h100")
 
 
 def test_cli_fit_json_and_errors(capsys):

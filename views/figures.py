@@ -26,6 +26,36 @@ CATEGORY_COLORS = {
     "communication_buffers": "#64748b",
 }
 CAPACITY_COLOR = "#111827"
+CURRENT_COLOR = "#dc2626"  # the user's own plan, marked on "peak against batch size"
+
+# A log y-axis when one trace dwarfs the rest: the tallest trace's top over the lowest
+# trace's top (non-zero values only), across the data traces of a chart with several of them
+# (the capacity line and the user's marker excluded). Trace tops, not all points: a line
+# rising 50x from batch 1 to 64 dwarfs no other line, and its chart stays linear.
+LOG_SCALE_RATIO = 20.0
+LOG_SCALE_NOTE = " (log scale)"
+
+
+def wants_log_y(traces_values) -> bool:
+    """Whether a chart of several traces (each an iterable of y values, None for a gap; a
+    bar chart passes one per bar) needs a log y-axis: its tallest trace reaches more than
+    LOG_SCALE_RATIO x as high as its lowest non-zero one."""
+    tops = [max((v for v in values if v is not None and v > 0), default=None) for values in traces_values]
+    tops = [top for top in tops if top is not None]
+    return len(tops) >= 2 and max(tops) > LOG_SCALE_RATIO * min(tops)
+
+
+def _log_y_when_dwarfed(figure: go.Figure, log_y: bool | None, traces=None) -> go.Figure:
+    """Switch `figure`'s y-axis to log when `log_y` (None: when wants_log_y over its data
+    traces, or over `traces` when given), saying so in the axis title."""
+    if log_y is None:
+        if traces is None:
+            traces = [t.y or () for t in figure.data if not (t.name or "").startswith(CAPACITY_PREFIX)]
+        log_y = wants_log_y(traces)
+    if log_y:
+        title = figure.layout.yaxis.title.text or ""
+        figure.update_yaxes(type="log", title_text=title + LOG_SCALE_NOTE)
+    return figure
 
 # Every figure is drawn on plotly_white. Named per figure (update_layout(template=...)),
 # plotly validates and deep-copies the whole template each time: 40 ms a figure, most of a
@@ -85,10 +115,16 @@ def _capacity_line(figure: go.Figure, capacity_bytes: int | None) -> None:
                        name=f"{CAPACITY_PREFIX}{bytes_to_gib(capacity_bytes):,.2f} GiB")
 
 
+CURRENT_PREFIX = "your plan"  # the legend entry of the user's own scenario on memory_vs_batch_figure
+
+
 def memory_vs_batch_figure(series: dict[str, list[tuple[int, int | None]]], capacity_bytes: int | None = None,
-                           title: str = "Peak memory against batch size") -> go.Figure:
+                           title: str = "Peak memory against batch size",
+                           current: tuple[int, int] | None = None, log_y: bool | None = None) -> go.Figure:
     """One line per technique: peak (GiB) against effective batch size (log2 axis), and the capacity line.
-    A None peak (not estimable) leaves a gap."""
+    A None peak (not estimable) leaves a gap. `current` (effective batch, peak bytes): the
+    user's own scenario, a labelled marker. `log_y` None: a log y-axis when one line dwarfs
+    the rest (wants_log_y)."""
     figure = go.Figure()
     for raw_label, points in series.items():
         label = plotly_text(raw_label)
@@ -99,18 +135,36 @@ def memory_vs_batch_figure(series: dict[str, list[tuple[int, int | None]]], capa
             customdata=[format_bytes(peak) for _, peak in points],
             hovertemplate=f"{label}<br>batch %{{x}}: %{{customdata}}<extra></extra>",
         )
+    lines = [list(t.y) for t in figure.data]
+    if current is not None:
+        _current_marker(figure, *current)
     _capacity_line(figure, capacity_bytes)
     figure.update_layout(
         title=plotly_text(title),
         xaxis=dict(title="effective batch size (sequences per optimizer step)", type="log", dtick=0.30102999566),
         yaxis_title="peak GiB (2^30 bytes)", legend_title_text="technique", margin=dict(t=60, b=40),
     )
-    return figure
+    return _log_y_when_dwarfed(figure, log_y, lines)
+
+
+def _current_marker(figure: go.Figure, effective_batch: int, peak: int) -> None:
+    """The user's scenario as one labelled star, its hover in bytes with units."""
+    text = f"{CURRENT_PREFIX}: {format_bytes(peak)}"
+    figure.add_scatter(
+        name=f"{CURRENT_PREFIX} (batch {effective_batch:,})", x=[effective_batch], y=[bytes_to_gib(peak)],
+        mode="markers+text", text=[text], textposition="top center", textfont={"color": CURRENT_COLOR},
+        marker={"symbol": "star", "size": 16, "color": CURRENT_COLOR, "line": {"color": "#ffffff", "width": 1}},
+        customdata=[[f"{peak:,}", format_bytes(peak)]],
+        hovertemplate=(f"{CURRENT_PREFIX}<br>effective batch %{{x:,}}: peak %{{customdata[1]}} "
+                       "(%{customdata[0]} bytes)<extra></extra>"),
+    )
 
 
 def technique_bars_figure(labels: list[str], estimated: list[int | None], measured: list[int | None],
-                          capacity_bytes: int | None = None, title: str = "Peak by technique") -> go.Figure:
-    """Grouped bars per technique: estimated and measured peak (GiB), and the capacity line."""
+                          capacity_bytes: int | None = None, title: str = "Peak by technique",
+                          log_y: bool | None = None) -> go.Figure:
+    """Grouped bars per technique: estimated and measured peak (GiB), and the capacity line;
+    a log y-axis when one bar dwarfs the rest (`log_y` None: wants_log_y over the bars)."""
     labels = [plotly_text(label) for label in labels]
     figure = go.Figure()
     figure.add_bar(name="estimated", x=labels, y=[None if v is None else bytes_to_gib(v) for v in estimated],
@@ -122,7 +176,9 @@ def technique_bars_figure(labels: list[str], estimated: list[int | None], measur
     _capacity_line(figure, capacity_bytes)
     figure.update_layout(barmode="group", title=plotly_text(title),
                          yaxis_title="peak GiB (2^30 bytes)", xaxis_title="technique", margin=dict(t=60, b=40))
-    return figure
+    # Several bars, measured or not: one technique's bar can dwarf the others' alone.
+    bars = [[v] for v in (*estimated, *measured) if v is not None]
+    return _log_y_when_dwarfed(figure, log_y, bars)
 
 
 def category_comparison_figure(estimated: dict[str, int | None], measured: dict[str, int | None],
@@ -130,8 +186,9 @@ def category_comparison_figure(estimated: dict[str, int | None], measured: dict[
     """Grouped bars per memory category (keys of CATEGORY_LABELS, plus "peak"), in GiB."""
     keys = [k for k in (*CATEGORY_LABELS, "peak") if k in estimated or k in measured]
     labels = [CATEGORY_LABELS.get(k, "Peak (total)") for k in keys]
-    return technique_bars_figure(labels, [estimated.get(k) for k in keys], [measured.get(k) for k in keys],
-                                 title=title).update_layout(xaxis_title="category")
+    figure = technique_bars_figure(labels, [estimated.get(k) for k in keys], [measured.get(k) for k in keys],
+                                   title=title)
+    return figure.update_layout(xaxis_title="category")
 
 
 def estimate_vs_measured_scatter(estimated: list[int], measured: list[int], labels: list[str],
@@ -156,25 +213,64 @@ def estimate_vs_measured_scatter(estimated: list[int], measured: list[int], labe
     return figure
 
 
-def fit_options_figure(result, title: str = "Technique combinations: peak against step time") -> go.Figure:
+# What fits' scatter: colour by optimizer, symbol by precision, a legend group per strategy.
+OPTIMIZER_COLORS = ("#2563eb", "#f59e0b", "#10b981", "#8b5cf6", "#ef4444", "#0891b2", "#db2777", "#65a30d")
+PRECISION_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "x")
+BEST_NAME = "best (#1)"
+
+
+def _palette(values, choices) -> dict:
+    """One choice per distinct value, in first-seen order (cycling when there are more)."""
+    distinct = list(dict.fromkeys(values))
+    return {value: choices[i % len(choices)] for i, value in enumerate(distinct)}
+
+
+def fit_options_figure(result, title: str = "Technique combinations: peak against step time",
+                       log_y: bool | None = None) -> go.Figure:
     """One point per combination that fits (planner.fit.FitResult): estimated step time
-    against peak (GiB), the best marked, and the capacity line."""
+    against peak (GiB), the capacity line, and the best ringed. One trace per optimizer,
+    precision and strategy: colour by optimizer, symbol by precision, grouped in the legend
+    by strategy, so the plans can be told apart."""
     figure = go.Figure()
     options = result.options
-    figure.add_scatter(
-        x=[o.step_time_s for o in options],
-        y=[bytes_to_gib(o.peak_bytes) for o in options],
-        mode="markers",
-        name="fits",
-        marker={"size": [14 if rank == 0 else 9 for rank in range(len(options))],
-                "color": ["#10b981" if rank == 0 else "#2563eb" for rank in range(len(options))]},
-        customdata=[[rank + 1, o.scenario.optimizer.value, o.scenario.precision.value,
-                     "on" if o.scenario.checkpointing.value != "none" else "off", o.scenario.batch_size,
-                     o.scenario.grad_accum_steps, format_bytes(o.peak_bytes)] for rank, o in enumerate(options)],
-        hovertemplate=("#%{customdata[0]}: %{customdata[1]}, %{customdata[2]}, checkpointing %{customdata[3]}, "
-                       "%{customdata[4]} x %{customdata[5]}<br>peak %{customdata[6]}, step %{x:.3g} s<extra></extra>"),
-    )
+    colors = _palette([o.scenario.optimizer.value for o in options], OPTIMIZER_COLORS)
+    symbols = _palette([o.scenario.precision.value for o in options], PRECISION_SYMBOLS)
+    groups: dict[tuple[str, str, str, str], list[tuple[int, object]]] = {}
+    for rank, option in enumerate(options):
+        method = option.scenario.finetune.method.value
+        key = (option.strategy.value, option.scenario.optimizer.value, option.scenario.precision.value, method)
+        groups.setdefault(key, []).append((rank, option))
+    for (strategy, optimizer, precision, method), members in groups.items():
+        figure.add_scatter(
+            x=[o.step_time_s for _, o in members],
+            y=[bytes_to_gib(o.peak_bytes) for _, o in members],
+            mode="markers",
+            name=f"{optimizer}, {precision}" + ("" if method == "full" else f", {method}"),
+            legendgroup=strategy, legendgrouptitle_text=f"strategy: {strategy}",
+            marker={"size": 10, "color": colors[optimizer], "symbol": symbols[precision]},
+            customdata=[_fit_hover(rank, o) for rank, o in members],
+            hovertemplate=_FIT_HOVER,
+        )
+    if options:
+        best = options[0]
+        figure.add_scatter(x=[best.step_time_s], y=[bytes_to_gib(best.peak_bytes)], mode="markers", name=BEST_NAME,
+                           marker={"size": 18, "color": "rgba(0,0,0,0)", "line": {"color": CAPACITY_COLOR, "width": 2}},
+                           customdata=[_fit_hover(0, best)], hovertemplate=_FIT_HOVER)
     _capacity_line(figure, result.capacity_bytes)
-    figure.update_layout(title=plotly_text(title), xaxis_title="estimated step time (s)", yaxis_title="peak (GiB)",
-                         showlegend=False)
-    return figure
+    figure.update_layout(title=plotly_text(title), xaxis_title="estimated step time (s)",
+                         yaxis_title="peak GiB (2^30 bytes)", showlegend=True,
+                         legend_title_text="optimizer, precision (colour, symbol)")
+    points = [[bytes_to_gib(o.peak_bytes)] for o in options]
+    return _log_y_when_dwarfed(figure, log_y, points)
+
+
+_FIT_HOVER = ("#%{customdata[0]}: %{customdata[7]}, %{customdata[1]}, %{customdata[2]}, checkpointing "
+              "%{customdata[3]}, %{customdata[4]} x %{customdata[5]}<br>peak %{customdata[6]} "
+              "(%{customdata[8]} bytes), step %{x:.3g} s<extra></extra>")
+
+
+def _fit_hover(rank: int, option) -> list:
+    s = option.scenario
+    return [rank + 1, s.optimizer.value, s.precision.value, "on" if s.checkpointing.value != "none" else "off",
+            s.batch_size, s.grad_accum_steps, format_bytes(option.peak_bytes), option.strategy.value,
+            f"{option.peak_bytes:,}"]

@@ -8,11 +8,11 @@ them into planner inputs (a config, a Scenario, a capacity in bytes) with the fu
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
 from planner.catalog import catalog_config, catalog_entries
-from planner.config_source import config_from_bytes
+from planner.config_source import config_from_bytes, config_model_name, is_hub_model_id
 from planner.config_task import config_task
 from planner.errors import PlannerInputError
 from planner.gpus import GPUS, MAX_GPU_GIB, GpuSpec, capacity_bytes_from_gib
@@ -30,15 +30,20 @@ from planner.scenario import (
     scenario_from_values,
 )
 from planner.strategy import MAX_DEVICES, ParallelPlan, Strategy, parse_strategy
-from planner.units import MIB
+from planner.units import format_bytes
+from runners.config_store import config_hash, load_config, short_hash, store_config
 
 
 class ModelSource(enum.Enum):
     CATALOG = "catalog"
     UPLOAD = "upload"
+    HUB = "hub"  # a model id fetched from the Hugging Face hub (online only)
 
 
-MODEL_SOURCE_LABELS = {ModelSource.CATALOG.value: "Catalog", ModelSource.UPLOAD.value: "Upload config.json"}
+MODEL_SOURCE_LABELS = {ModelSource.CATALOG.value: "Catalog", ModelSource.UPLOAD.value: "Upload config.json",
+                       ModelSource.HUB.value: "Hub model id"}
+# Sources whose config names its own head: the task follows its `architectures`.
+CONFIG_SOURCES = (ModelSource.UPLOAD.value, ModelSource.HUB.value)
 
 OPTIMIZER_LABELS = {
     Optimizer.ADAMW.value: "AdamW (torch)",
@@ -69,31 +74,49 @@ STRATEGY_LABELS = {
 }
 
 CUSTOM_GPU = "Custom"
-# Total memory as `nvidia-smi` reports it (memory.total, MiB), not the marketing "GB":
-# T4 15360, L4 23034, A10/A10G 23028, A100 40960 / 81920, H100 80GB HBM3 81559,
-# H200 143771. The 24 GB row takes the smallest of its cards (A10) so "fits" stays
-# true on all three (an RTX 4090 reports 24564 MiB without ECC).
-GPU_PRESETS: dict[str, int | None] = {
-    "T4 · 16 GB": 15360 * MIB,
-    "L4 / A10 / RTX 4090 · 24 GB": 23028 * MIB,
-    "A100 · 40 GB": 40960 * MIB,
-    "A100 · 80 GB": 81920 * MIB,
-    "H100 · 80 GB": 81559 * MIB,
-    "H200 · 141 GB": 143771 * MIB,
-    CUSTOM_GPU: None,  # read from gpu_custom_gib
-}
-# The planner.gpus row behind each preset: its compute capability and driver reservation
-# size the CUDA overheads (planner.cuda_overheads). The 24 GB row is the A10, the card its
-# capacity is; a custom size has none, and the overheads take their larger figures.
-GPU_PRESET_KEYS: dict[str, str | None] = {
+# Each preset is one planner.gpus row, its capacity that row's: the total the driver reports
+# (nvidia-smi memory.total, or rocm-smi for the MI300X), not the marketing "GB", except the
+# RTX 4060 Ti 16 GB, whose datasheet figure is all that is sourced (GpuSpec.capacity_basis
+# says which; GpuSpec.capacity_source where each comes from). The 24 GB row shared by three
+# cards takes the smallest of them (A10, 23028 MiB) so "fits" stays true on all three.
+# T4 first: the default, the lessons' GPU; then by capacity.
+_PRESET_ROWS: dict[str, str] = {
     "T4 · 16 GB": "t4",
+    "RTX 4060 · 8 GB": "rtx4060",
+    "RTX 3060 · 12 GB": "rtx3060",
+    "V100 · 16 GB": "v100-16gb",
+    "RTX 4060 Ti · 16 GB": "rtx4060ti-16gb",
+    "RTX 4080 · 16 GB": "rtx4080",
     "L4 / A10 / RTX 4090 · 24 GB": "a10",
+    "RTX 3090 · 24 GB": "rtx3090",
+    "RTX 4090 · 24 GB": "rtx4090",
+    "V100 · 32 GB": "v100-32gb",
     "A100 · 40 GB": "a100-40gb",
+    "L40S · 48 GB": "l40s",
+    "RTX A6000 · 48 GB": "a6000",
     "A100 · 80 GB": "a100-80gb",
     "H100 · 80 GB": "h100",
     "H200 · 141 GB": "h200",
-    CUSTOM_GPU: None,
+    "MI300X · 192 GB (ROCm)": "mi300x",
 }
+GPU_PRESETS: dict[str, int | None] = {
+    **{preset: GPUS[key].capacity_bytes for preset, key in _PRESET_ROWS.items()},
+    CUSTOM_GPU: None,  # read from gpu_custom_gib
+}
+# The planner.gpus row behind each preset: its compute capability and driver reservation
+# size the CUDA overheads (planner.cuda_overheads), its throughput the step times. A custom
+# size has none, and the overheads take their larger figures.
+GPU_PRESET_KEYS: dict[str, str | None] = {**_PRESET_ROWS, CUSTOM_GPU: None}
+
+
+def preset_caption(preset: str) -> str:
+    """The line under the GPU box: the preset's capacity and how it was obtained."""
+    key = GPU_PRESET_KEYS.get(preset)
+    if key is None:
+        return ""
+    gpu = GPUS[key]
+    return f"{format_bytes(gpu.capacity_bytes)} ({gpu.capacity_bytes:,} bytes), {gpu.capacity_basis}"
+
 
 DEFAULT_MODEL = "distilbert-base-cased"  # the lessons' model
 
@@ -116,10 +139,34 @@ def uploaded_task(upload) -> str | None:
     if upload is None:
         return None
     try:
-        found = config_task(config_from_bytes(upload.getvalue(), upload.name))
+        return config_task_value(config_from_bytes(upload.getvalue(), upload.name))
     except PlannerInputError:
         return None
+
+
+def config_task_value(config: dict) -> str | None:
+    """The task a config's `architectures` names; None for no known head."""
+    found = config_task(config)
     return found.task.value if found is not None else None
+
+
+def remember_upload(upload) -> str:
+    """Store an upload that parses as a config (runners.config_store) and return its hash for
+    the link; "" for no file or a file that does not parse (the page says why).
+    PlannerInputError when it parses but cannot be stored."""
+    if upload is None:
+        return ""
+    data = upload.getvalue()
+    try:
+        config_from_bytes(data, upload.name)
+    except PlannerInputError:
+        return ""
+    return store_config(data)
+
+
+def upload_label(config: dict, digest: str) -> str:
+    """An uploaded config's display name: its model's name and the upload's short hash."""
+    return f"{config_model_name(config)} · {short_hash(digest)}"
 
 
 @dataclass(frozen=True)
@@ -129,6 +176,8 @@ class SidebarValues:
     model_source: str
     catalog_model: str
     config_upload: UploadedConfig | None
+    config_hash: str  # the stored upload a link names ("" for none): runners.config_store
+    hub_model_id: str
     task: str
     num_labels: int
     batch_size: int
@@ -159,6 +208,8 @@ class SidebarValues:
 DEFAULTS: dict[str, object] = {
     "model_source": ModelSource.CATALOG.value,
     "catalog_model": DEFAULT_MODEL,
+    "config_hash": "",
+    "hub_model_id": "",
     "task": default_task(DEFAULT_MODEL),
     "num_labels": 2,
     "batch_size": 8,
@@ -176,13 +227,27 @@ DEFAULTS: dict[str, object] = {
 }
 
 
-def model_config(values: SidebarValues) -> tuple[dict, str] | None:
-    """(config dict, display name) of the chosen model; None while the upload is still empty."""
+def model_config(values: SidebarValues, hub_config: Callable[[str], dict] | None = None) -> tuple[dict, str] | None:
+    """(config dict, display name) of the chosen model; None while the upload (or, for a
+    link, the stored upload its hash names) or the hub id is still empty. `hub_config`
+    fetches a hub id's config (the page passes a cached fetch; None: no hub here)."""
     if values.model_source == ModelSource.UPLOAD.value:
-        if values.config_upload is None:
+        if values.config_upload is not None:
+            data, source = values.config_upload.data, values.config_upload.name
+        elif values.config_hash:
+            data, source = load_config(values.config_hash), "the stored config.json"
+        else:
             return None
-        upload = values.config_upload
-        return config_from_bytes(upload.data, upload.name), upload.name
+        return (config := config_from_bytes(data, source)), upload_label(config, config_hash(data))
+    if values.model_source == ModelSource.HUB.value:
+        model_id = (values.hub_model_id or "").strip()
+        if not model_id:
+            return None
+        if not is_hub_model_id(model_id):
+            raise PlannerInputError(f"{model_id[:200]!r} is not a hub model id like 'owner/name'")
+        if hub_config is None:
+            raise PlannerInputError("hub model ids are fetched by the dashboard only")
+        return hub_config(model_id), model_id
     return catalog_config(values.catalog_model), values.catalog_model
 
 

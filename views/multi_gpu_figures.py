@@ -24,7 +24,12 @@ from planner.scenario import Scenario, scenario_from_values
 from planner.strategy import ParallelPlan, Strategy, parse_strategy
 from planner.units import GIB, MIB, bytes_to_gib, format_bytes
 from views.breakdown import DEVICE_CATEGORY_LABELS
-from views.figures import CAPACITY_COLOR, CATEGORY_COLORS, _capacity_line
+from views.figures import (
+    CAPACITY_COLOR,
+    CATEGORY_COLORS,
+    _capacity_line,
+    _log_y_when_dwarfed,
+)
 
 # The order the page lists them: replicas first, then more and more sharded.
 STRATEGY_ORDER = (Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2, Strategy.ZERO3, Strategy.FSDP_SHARD_GRAD_OP,
@@ -148,7 +153,8 @@ def communication_figure(estimates: Mapping[Strategy, ParallelEstimate],
                        hovertemplate=f"{name}: %{{customdata[1]}} (%{{customdata[0]:,.0f}} bytes)<extra></extra>")
     figure.update_layout(barmode="group", title=title, yaxis_title=f"per GPU, {unit}",
                          xaxis_title="strategy", margin=dict(t=60, b=40))
-    return figure
+    # ZeRO-3 and FSDP gather the parameters too: their bars can dwarf DDP's.
+    return _log_y_when_dwarfed(figure, None, [[v] for v in (*payload, *wire)])
 
 
 @dataclass(frozen=True)
