@@ -216,16 +216,23 @@ def _adapter_states(shape: ModelShape, scenario: Scenario) -> tuple[int, int, in
     """(weights, gradients, optimizer state, trainable parameters, frozen weight bytes) of LoRA:
     the frozen base and the adapters as PEFT builds them, gradients and state for the
     trainable tensors only (planner.adapters)."""
-    from planner.adapters import adapter_count
+    from planner.adapters import adapter_count, quantized_base
 
     if shape.source_config is None:
         raise PlannerInputError("LoRA is planned from the model's config: load the model from a config")
-    dtype = "bfloat16" if scenario.precision is Precision.BF16 else "float32"
+    qlora = scenario.finetune.method is Method.QLORA
+    # QLoRA: prepare_model_for_kbit_training casts every float parameter to fp32, adapters included.
+    dtype = "bfloat16" if scenario.precision is Precision.BF16 and not qlora else "float32"
     count = adapter_count(shape.source_config, scenario.task, scenario.num_labels, scenario.finetune, dtype)
     on_device = allocation(scenario.device)
-    weights = (count.all_bytes + on_device(shape.float_buffer_elements * 4) + on_device(shape.other_buffer_bytes))
+    parameters = count.all_bytes
+    if qlora:
+        base = quantized_base(shape.source_config, scenario.task, scenario.num_labels, scenario.finetune.double_quant,
+                              scenario.finetune.quant_type)
+        parameters = base.quantized_bytes + 4 * base.unquantized_elements + count.trainable_bytes
+    weights = (parameters + on_device(shape.float_buffer_elements * 4) + on_device(shape.other_buffer_bytes))
     state = tensor_state_bytes(count.trainable, scenario.optimizer, scenario.device, scenario.engine)
-    return weights, count.trainable_bytes, state, count.trainable_parameters, count.all_bytes - count.trainable_bytes
+    return weights, count.trainable_bytes, state, count.trainable_parameters, parameters - count.trainable_bytes
 
 
 def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
@@ -234,8 +241,6 @@ def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     if scenario.device is not Device.CPU:
         raise PlannerInputError("LoRA is planned from the probe, which runs CPU kernels: use --device cpu "
                                 "(CUDA's kernels for adapters are not modelled yet)")
-    if scenario.finetune.method is Method.QLORA:
-        raise PlannerInputError("QLoRA's activations are not probed yet: use --finetune lora")
     weights, gradients, state, trainable, frozen = _adapter_states(shape, scenario)
     probed = _probed_phases(shape, scenario, weights, state)
     if isinstance(probed, str):

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 
+from planner.finetune import Method
 from planner.model_shape import ModelShape
 from planner.probe.table import ProbeTable
 from planner.scenario import Checkpointing, Engine, Scenario, Task
@@ -56,8 +57,14 @@ def _finetune_parts(scenario: Scenario) -> list[str]:
     method = scenario.finetune
     if not method.uses_adapters:
         return []
-    return [f"{method.method.value}:r={method.lora_r}:dropout={'on' if method.lora_dropout > 0 else 'off'}"
-            f":targets={method.targets_text}", f"peft={metadata.version('peft')}"]
+    parts = [f"{method.method.value}:r={method.lora_r}:dropout={'on' if method.lora_dropout > 0 else 'off'}"
+             f":targets={method.targets_text}", f"peft={metadata.version('peft')}"]
+    if method.method is Method.QLORA:
+        # Dequantising a double-quantised weight first dequantises its absmax (a temporary);
+        # the kernels differ by type (LoRA's keys stay as they were).
+        parts.append(f"4bit={method.quant_type}:double-quant={'on' if method.double_quant else 'off'}"
+                     f":bitsandbytes={metadata.version('bitsandbytes')}")
+    return parts
 
 
 def technique_key(shape: ModelShape, scenario: Scenario) -> str:
@@ -108,6 +115,11 @@ def _compute(shape: ModelShape, scenario: Scenario, key: str) -> ProbeTable:
     layout = layout_for(config)
     _report(f"probing {shape.name} ({key.rsplit('|', 1)[0]}): the model's own step on fake tensors")
     exceeded = window_exceeded(shape, scenario)
+    if scenario.finetune.method is Method.QLORA:
+        # bitsandbytes quantises real weights as transformers loads them (planner.probe.build.quantized_lora).
+        _report(f"QLoRA's base is quantised from real weights: probing {shape.name} on small real tensors")
+        return solve(record_probes(config_dict, config, scenario, layout, exceeded, _report, real=True), layout, key,
+                     on_real_tensors=True)
     try:
         return solve(record_probes(config_dict, config, scenario, layout, exceeded, _report), layout, key)
     except ProbeUnsupported:
