@@ -82,18 +82,28 @@ def quantized_lora(model: torch.nn.Module, scenario: Scenario) -> torch.nn.Modul
 
     if any(isinstance(p, FakeTensor) for p in model.parameters()):
         raise NotImplementedError("QLoRA models are quantised from real weights: run them on real tensors")
+    from transformers.utils import logging
+
     auto_class = type(model)
     dtype = next(model.parameters()).dtype
-    with tempfile.TemporaryDirectory(prefix="planner-qlora-") as folder, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(folder)
-        del model
-        model = auto_class.from_pretrained(folder, quantization_config=quantization_settings(scenario),
-                                           device_map="cpu", dtype=dtype)
+    bars = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # a run's and the probe's progress is their own
+    try:
+        with tempfile.TemporaryDirectory(prefix="planner-qlora-") as folder, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.save_pretrained(folder)
+            del model
+            model = auto_class.from_pretrained(folder, quantization_config=quantization_settings(scenario),
+                                               device_map="cpu", dtype=dtype)
+    finally:
+        if bars:
+            logging.enable_progress_bar()
     model.config.use_cache = False
-    model = prepare_model_for_kbit_training(
-        model, use_gradient_checkpointing=scenario.checkpointing is Checkpointing.EVERY_LAYER)
-    model = get_peft_model(model, lora_config(scenario.finetune, scenario.task))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' deprecation of is_gradient_checkpointing, read by PEFT
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=scenario.checkpointing is Checkpointing.EVERY_LAYER)
+        model = get_peft_model(model, lora_config(scenario.finetune, scenario.task))
     model.train()
     return model
 

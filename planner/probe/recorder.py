@@ -65,6 +65,11 @@ class Recorder(TrainableMemTracker):
         self.micro_batch = 0
         self.backward = False
 
+    def _update_peak_stats(self, peak_state) -> None:
+        # The events are the record; MemTracker's running peaks (a walk over every tracked
+        # module at every op: most of a real-tensor QLoRA probe's time) are never read.
+        pass
+
     def _update_and_maybe_create_winfos(self, t, reftype, update_existing=False):
         winfos = super()._update_and_maybe_create_winfos(t, reftype, update_existing)
         self._note_shape(t)
