@@ -136,7 +136,9 @@ def _request_from_args(args: argparse.Namespace) -> VerifyRequest:
     scenario = {"task": args.task, "num_labels": args.num_labels, "batch_size": args.batch_size,
                 "seq_len": args.seq_len, "optimizer": args.optimizer, "precision": args.precision,
                 "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
-                "attn": args.attn, **finetune_values(args)}
+                "attn": args.attn}
+    if args.finetune != "full":  # full fine-tuning's scenarios stay as the history holds them
+        scenario.update(finetune_values(args))
     return VerifyRequest(config=config, model_name=name, scenario=scenario, mode=Mode(args.mode),
                          engine=Engine(args.engine), steps=args.steps, local_sgd_steps=args.local_sgd_steps,
                          seed=args.seed, inject_fault=args.inject_fault)
