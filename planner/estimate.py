@@ -229,7 +229,10 @@ def _adapter_states(shape: ModelShape, scenario: Scenario) -> tuple[int, int, in
     if qlora:
         base = quantized_base(shape.source_config, scenario.task, scenario.num_labels, scenario.finetune.double_quant,
                               scenario.finetune.quant_type)
-        parameters = base.quantized_bytes + 4 * base.unquantized_elements + count.trainable_bytes
+        # The 4-bit layers' biases are stored in the compute dtype from the first forward on.
+        compute_bytes = 4 if scenario.precision is Precision.FP32 else 2
+        parameters = (base.quantized_bytes + 4 * (base.unquantized_elements - base.quantized_bias_elements)
+                      + compute_bytes * base.quantized_bias_elements + count.trainable_bytes)
     weights = (parameters + on_device(shape.float_buffer_elements * 4) + on_device(shape.other_buffer_bytes))
     state = tensor_state_bytes(count.trainable, scenario.optimizer, scenario.device, scenario.engine)
     return weights, count.trainable_bytes, state, count.trainable_parameters, parameters - count.trainable_bytes
