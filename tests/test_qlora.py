@@ -8,8 +8,8 @@ peak (tests/probe_comparison.py); GPT-2's batches are +16 B a token high there a
 fine-tuning (README, "Batch 1 is a technique class of its own")."""
 
 import pytest
-
 from probe_comparison import TOLERANCE, deep, own_probe_cache  # noqa: F401 (the fixture)
+
 from planner.adapters import quantized_base
 from planner.errors import PlannerInputError
 from planner.estimate import Confidence, Phase, estimate
@@ -54,6 +54,7 @@ def test_the_quantisation_state_is_measured_as_weights():
     """MemTracker sees parameters and buffers only; absmax, codes and the nested state of each
     4-bit weight are live too, and the runs count them (planner.probe.memtracker)."""
     from conftest import tiny_config
+
     from planner.probe.build import build_model
 
     config = tiny_config("tiny-llama")
