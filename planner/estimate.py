@@ -247,7 +247,8 @@ def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     weights, gradients, state, trainable, frozen = _adapter_states(shape, scenario)
     probed = _probed_phases(shape, scenario, weights, state)
     if isinstance(probed, str):
-        raise PlannerInputError(f"LoRA cannot be planned for {shape.name}: the probe could not run it ({probed})")
+        label = "QLoRA" if scenario.finetune.method is Method.QLORA else "LoRA"
+        raise PlannerInputError(f"{label} cannot be planned for {shape.name}: the probe could not run it ({probed})")
     phases, activations_bytes, on_real_tensors = probed
     return Estimate(
         model_name=shape.name, architecture=shape.architecture, num_parameters=shape.stats.num_elements,
