@@ -7,6 +7,9 @@ real tensors (a fake tensor cannot become a Params4bit). The bar is the probe's,
 peak (tests/probe_comparison.py); GPT-2's batches are +16 B a token high there as in full
 fine-tuning (README, "Batch 1 is a technique class of its own")."""
 
+import dataclasses
+import types
+
 import pytest
 from probe_comparison import TOLERANCE, deep, own_probe_cache  # noqa: F401 (the fixture)
 
@@ -79,3 +82,22 @@ def test_qlora_on_cuda_is_refused_in_one_line():
     with pytest.raises(PlannerInputError, match="--device cpu") as refused:
         estimate(shape, scenario)
     assert "\n" not in str(refused.value)
+
+
+def test_a_simulated_qlora_run_is_refused_in_one_line(monkeypatch):
+    """A 4-bit base is quantised from real weights: `--mode simulate` (and `auto` when a real
+    run would not fit) says so instead of failing in the child."""
+    from conftest import tiny_config
+
+    from runners import verify
+    from runners.request import VerifyRequest
+
+    planned = types.SimpleNamespace(peak_bytes=1)  # the estimate itself is tested above
+    monkeypatch.setattr(verify, "estimate", lambda shape, scenario: planned)
+    request = VerifyRequest(config=tiny_config("tiny-llama"), model_name="tiny", mode=Mode.SIMULATE,
+                            scenario={"task": "causal-lm", "batch_size": 2, "seq_len": 8, "finetune": "qlora"})
+    refusal = verify.plan_run(request).refusal
+    assert refusal == verify.QLORA_NEEDS_REAL_TENSORS and "--mode cpu" in refusal
+    too_small = verify.plan_run(dataclasses.replace(request, mode=Mode.AUTO), cuda_available=False,
+                                available_bytes=0)
+    assert too_small.refusal.endswith(verify.QLORA_NEEDS_REAL_TENSORS)
