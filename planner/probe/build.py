@@ -77,13 +77,12 @@ def quantized_lora(model: torch.nn.Module, scenario: Scenario) -> torch.nn.Modul
     import warnings
 
     from peft import get_peft_model, prepare_model_for_kbit_training
+    from transformers.utils import logging
 
     from planner.adapters import lora_config
 
     if any(isinstance(p, FakeTensor) for p in model.parameters()):
         raise NotImplementedError("QLoRA models are quantised from real weights: run them on real tensors")
-    from transformers.utils import logging
-
     auto_class = type(model)
     dtype = next(model.parameters()).dtype
     bars = logging.is_progress_bar_enabled()
