@@ -66,8 +66,7 @@ class Recorder(TrainableMemTracker):
         self.backward = False
 
     def _update_peak_stats(self, peak_state) -> None:
-        # The events are the record; MemTracker's running peaks (a walk over every tracked
-        # module at every op: most of a real-tensor QLoRA probe's time) are never read.
+        # The events are the record: no running peak is read from a recorder.
         pass
 
     def _update_and_maybe_create_winfos(self, t, reftype, update_existing=False):
