@@ -19,7 +19,8 @@ counted as a user's own run would build it:
                     copy and a scalar fp32 offset
     code            the 16-entry fp32 4-bit code (get_4bit_type makes one per weight)
   Everything else stays a float parameter; `peft.prepare_model_for_kbit_training` casts
-  it to fp32, which is how QLoRA is run (tests/test_adapters.py checks all of this against
+  it to fp32, which is how QLoRA is run (but for the 4-bit layers' biases, which their first
+  forward casts to the compute dtype: `QuantizedBase.quantized_bias_elements`) (tests/test_adapters.py checks all of this against
   a real quantised model and PEFT's own counts).
 """
 
@@ -58,6 +59,10 @@ class QuantizedBase:
     quantized_elements: int  # their elements
     quantized_bytes: int  # packed weights and quantisation state, as stored
     unquantized_elements: int  # every other parameter element (fp32 after prepare_model_for_kbit_training)
+    # The 4-bit layers' biases, among unquantized_elements: Linear4bit.forward casts each in place
+    # to the compute dtype at the first forward (`bias.data = bias.data.to(x.dtype)`,
+    # bitsandbytes 0.50 nn/modules.py), so a run stores them in bf16 under a bf16 compute dtype.
+    quantized_bias_elements: int = 0
 
 
 def quantized_weight_bytes(elements: int, double_quant: bool) -> int:
@@ -164,6 +169,7 @@ def quantized_base(source_config: str, task: Task, num_labels: int, double_quant
     weights = {id(m.weight) for m in quantized}
     others = sum(p.numel() for p in model.parameters() if id(p) not in weights)
     # Linear4bit's bias stays a float parameter; it is among `others`.
+    biases = sum(m.bias.numel() for m in quantized if m.bias is not None)
     return QuantizedBase(len(quantized), sum(elements),
-                         sum(quantized_weight_bytes(n, double_quant) for n in elements), int(others))
+                         sum(quantized_weight_bytes(n, double_quant) for n in elements), int(others), int(biases))
 

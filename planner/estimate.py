@@ -243,25 +243,37 @@ def _adapter_states(shape: ModelShape, scenario: Scenario) -> tuple[int, int, in
     """(weights, gradients, optimizer state, trainable parameters, frozen weight bytes) of LoRA:
     the frozen base and the adapters as PEFT builds them, gradients and state for the
     trainable tensors only (planner.adapters)."""
-    from planner.adapters import adapter_count
+    from planner.adapters import adapter_count, quantized_base
 
     if shape.source_config is None:
         raise PlannerInputError("LoRA is planned from the model's config: load the model from a config")
-    dtype = "bfloat16" if scenario.precision is Precision.BF16 else "float32"
+    qlora = scenario.finetune.method is Method.QLORA
+    # QLoRA: prepare_model_for_kbit_training casts every float parameter to fp32, adapters included.
+    dtype = "bfloat16" if scenario.precision is Precision.BF16 and not qlora else "float32"
     count = adapter_count(shape.source_config, scenario.task, scenario.num_labels, scenario.finetune, dtype)
     on_device = allocation(scenario.device)  # each tensor in 512-byte blocks on CUDA
-    weights = (sum(on_device(n) for n in count.parameter_bytes) + on_device(shape.float_buffer_elements * 4)
-               + on_device(shape.other_buffer_bytes))
+    parameters = count.all_bytes
+    weights = sum(on_device(n) for n in count.parameter_bytes)
+    if qlora:  # planned on CPU only (exact sizes)
+        base = quantized_base(shape.source_config, scenario.task, scenario.num_labels, scenario.finetune.double_quant,
+                              scenario.finetune.quant_type)
+        # The 4-bit layers' biases are stored in the compute dtype from the first forward on.
+        compute_bytes = 4 if scenario.precision is Precision.FP32 else 2
+        parameters = (base.quantized_bytes + 4 * (base.unquantized_elements - base.quantized_bias_elements)
+                      + compute_bytes * base.quantized_bias_elements + count.trainable_bytes)
+        weights = parameters
+    weights += on_device(shape.float_buffer_elements * 4) + on_device(shape.other_buffer_bytes)
     gradients = sum(on_device(math.prod(dims) * size) for _, dims, size in count.trainable)
     state = tensor_state_bytes(count.trainable, scenario.optimizer, scenario.device, scenario.engine)
-    return weights, gradients, state, count.trainable_parameters, count.all_bytes - count.trainable_bytes
+    return weights, gradients, state, count.trainable_parameters, parameters - count.trainable_bytes
 
 
 def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     """LoRA: exact states, and every activation and gradient moment from the probe of the
     PEFT-wrapped model (frozen linears saving their inputs, adapters' dropout and A-path)."""
-    if scenario.finetune.method is Method.QLORA:
-        raise PlannerInputError("QLoRA's activations are not probed yet: use --finetune lora")
+    if scenario.finetune.method is Method.QLORA and scenario.device is not Device.CPU:
+        raise PlannerInputError("QLoRA is planned from a probe on real CPU tensors (a 4-bit base is quantised "
+                                "from real weights): use --device cpu (CUDA's 4-bit kernels are not modelled yet)")
     weights, gradients, state, trainable, frozen = _adapter_states(shape, scenario)
     step = None
     notes: tuple[str, ...] = ()
@@ -277,7 +289,8 @@ def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
                  "(the caching allocator's 512-byte blocks are not added to them).",)
     probed = _probed_phases(shape, scenario, weights, state, step)
     if isinstance(probed, str):
-        raise PlannerInputError(f"LoRA cannot be planned for {shape.name}: the probe could not run it ({probed})")
+        label = "QLoRA" if scenario.finetune.method is Method.QLORA else "LoRA"
+        raise PlannerInputError(f"{label} cannot be planned for {shape.name}: the probe could not run it ({probed})")
     phases, activations_bytes, on_real_tensors = probed
     return Estimate(
         model_name=shape.name, architecture=shape.architecture, num_parameters=shape.stats.num_elements,

@@ -42,7 +42,7 @@ So one optimizer swap ranks below any number of changes that keep the maths, and
 fewer changes of the same class rank above more.
 
 LoRA and QLoRA plans are searched where planner.estimate plans them; where it refuses
-(LoRA off device cpu, QLoRA everywhere today) the result says so in one line per method
+(both off device cpu) the result says so in one line per method
 (`left_out`, the estimate's own reason), and shows no numbers for them. LoRA plans are
 searched in the user's precision only (each precision is one more probe of the
 PEFT-wrapped model, seconds on first use) and on one device (planner.parallel models

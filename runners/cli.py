@@ -31,7 +31,15 @@ import sys
 import threading
 from pathlib import Path
 
-from planner.cli import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, OneLineParser, add_scenario_flags, help_hint, quiet_stdout
+from planner.cli import (
+    EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
+    OneLineParser,
+    add_scenario_flags,
+    finetune_values,
+    help_hint,
+    quiet_stdout,
+)
 from planner.config_source import resolve_config
 from planner.errors import PlannerInputError
 from planner.scenario import as_int
@@ -129,6 +137,8 @@ def _request_from_args(args: argparse.Namespace) -> VerifyRequest:
                 "seq_len": args.seq_len, "optimizer": args.optimizer, "precision": args.precision,
                 "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
                 "attn": args.attn}
+    if args.finetune != "full":  # full fine-tuning's scenarios stay as the history holds them
+        scenario.update(finetune_values(args))
     return VerifyRequest(config=config, model_name=name, scenario=scenario, mode=Mode(args.mode),
                          engine=Engine(args.engine), steps=args.steps, local_sgd_steps=args.local_sgd_steps,
                          seed=args.seed, inject_fault=args.inject_fault)
@@ -227,6 +237,8 @@ def _run_verify(args: argparse.Namespace) -> int:
         raise PlannerInputError(f"--num-processes must be a positive integer, got {args.num_processes}")
     if args.num_processes == 1 and args.strategy is not None:
         raise PlannerInputError("--strategy needs --num-processes 2 or more")
+    if args.num_processes > 1 and args.finetune != "full":
+        raise PlannerInputError(f"{args.finetune} runs are measured in one process so far: drop --num-processes")
     if args.write_job is not None:
         _check_job_path(args)
     request = _request_from_args(args)

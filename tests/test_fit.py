@@ -443,9 +443,10 @@ def test_nothing_fits_lists_the_nearest_plans_and_their_misses(gpt2, capsys):
 
 
 def test_lora_plans_beside_full_ones_where_the_estimate_plans_them():
-    """Device cpu: LoRA plans (PEFT's default r 16, all-linear) rank after every full plan
-    (they train other parameters), each peak the estimate's; QLoRA left out with the
-    estimate's own reason. Device cuda likewise."""
+    """Device cpu: LoRA and QLoRA plans (PEFT's default r 16, all-linear; nf4 with double
+    quantisation) rank after every full plan (they train other parameters), each peak the
+    estimate's. Device cuda: LoRA likewise (probed with CUDA's kernels), QLoRA left out with
+    the estimate's own reason."""
     name = "tiny-gpt2"
     own = base(seq_len=SEQ, device="cpu", batch_size=2)
     shape = model_shape_for_config(tiny_config(name), own.task, own.num_labels, name)
@@ -453,10 +454,12 @@ def test_lora_plans_beside_full_ones_where_the_estimate_plans_them():
     lora = [o for o in result.options if o.scenario.finetune.uses_adapters]
     full = [o for o in result.options if not o.scenario.finetune.uses_adapters]
     assert lora and full and result.options == (*full, *lora)
+    assert {o.scenario.finetune.method for o in lora} == {Method.LORA, Method.QLORA}
     for option in lora:
-        assert option.changes[0].text == "fine-tuning full -> lora r16" and option.changes[0].cost is Cost.METHOD
+        method = option.scenario.finetune.method.value
+        assert option.changes[0].text == f"fine-tuning full -> {method} r16" and option.changes[0].cost is Cost.METHOD
         assert option.peak_bytes == estimate(shape, option.scenario).peak_bytes
-    assert [line.split(":")[0] for line in result.left_out] == ["QLoRA plans left out"]
+    assert result.left_out == ()
     # Device cuda: LoRA is probed with CUDA's kernels (tests/test_lora.py), QLoRA is refused.
     with pytest.raises(PlannerInputError) as refused:
         estimate(shape, dataclasses.replace(own, device=Device.CUDA, finetune=FineTune(Method.QLORA)))

@@ -41,10 +41,68 @@ def build_model(config_dict: dict, scenario: Scenario, seed: int = 0, config=Non
     dtype = torch.bfloat16 if scenario.precision is Precision.BF16 else torch.float32
     model = auto_class.from_config(config, attn_implementation=scenario.attention.value,
                                    trust_remote_code=False, dtype=dtype)
+    if scenario.finetune.method is Method.QLORA:
+        return quantized_lora(model, scenario)
     if scenario.checkpointing is Checkpointing.EVERY_LAYER:
         model.gradient_checkpointing_enable()
     if scenario.finetune.uses_adapters:
         model = with_adapters(model, scenario)
+    model.train()
+    return model
+
+
+COMPUTE_DTYPE = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16, Precision.BF16_MIXED: torch.bfloat16,
+                 Precision.FP16_MIXED: torch.float16}
+
+
+def quantization_settings(scenario: Scenario):
+    """`BitsAndBytesConfig` as a QLoRA user writes it: the scenario's quantisation type and double
+    quantisation, the compute dtype the precision computes in."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=scenario.finetune.quant_type,
+                              bnb_4bit_use_double_quant=scenario.finetune.double_quant,
+                              bnb_4bit_compute_dtype=COMPUTE_DTYPE[scenario.precision])
+
+
+def quantized_lora(model: torch.nn.Module, scenario: Scenario) -> torch.nn.Module:
+    """QLoRA as a user builds it: `from_pretrained(..., quantization_config=BitsAndBytesConfig(...),
+    device_map="cpu")`, `prepare_model_for_kbit_training(model, use_gradient_checkpointing=...)`,
+    `get_peft_model(model, LoraConfig(...))`. The random model is saved and loaded back through
+    `from_pretrained` itself, so transformers' bitsandbytes quantizer decides, as for a user, which
+    layers become 4-bit (not the output layer nor tied weights) and how each is stored; the load
+    takes the dtype the model was built in. Real CPU tensors only: `from_pretrained` reads files
+    and bitsandbytes quantises real values (the probe runs QLoRA on small real tensors)."""
+    import tempfile
+    import warnings
+
+    from peft import get_peft_model, prepare_model_for_kbit_training
+    from transformers.utils import logging
+
+    from planner.adapters import lora_config
+
+    if any(isinstance(p, FakeTensor) for p in model.parameters()):
+        raise NotImplementedError("QLoRA models are quantised from real weights: run them on real tensors")
+    auto_class = type(model)
+    dtype = next(model.parameters()).dtype
+    bars = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # a run's and the probe's progress is their own
+    try:
+        with tempfile.TemporaryDirectory(prefix="planner-qlora-") as folder, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.save_pretrained(folder)
+            del model
+            model = auto_class.from_pretrained(folder, quantization_config=quantization_settings(scenario),
+                                               device_map="cpu", dtype=dtype)
+    finally:
+        if bars:
+            logging.enable_progress_bar()
+    model.config.use_cache = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' deprecation of is_gradient_checkpointing, read by PEFT
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=scenario.checkpointing is Checkpointing.EVERY_LAYER)
+        model = get_peft_model(model, lora_config(scenario.finetune, scenario.task))
     model.train()
     return model
 
@@ -59,7 +117,7 @@ def with_adapters(model: torch.nn.Module, scenario: Scenario) -> torch.nn.Module
     from planner.probe.fake_mode import adapters_cast_in_place
 
     if scenario.finetune.method is Method.QLORA:
-        raise NotImplementedError("QLoRA runs are not built yet")
+        raise ValueError("QLoRA is built from a quantised load: build_model builds it (quantized_lora)")
     fake = any(isinstance(p, FakeTensor) for p in model.parameters())
     with adapters_cast_in_place() if fake else contextlib.nullcontext():
         return get_peft_model(model, lora_config(scenario.finetune, scenario.task))

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 
+from planner.finetune import Method
 from planner.model_shape import ModelShape
 from planner.probe.table import ProbeTable
 from planner.scenario import Checkpointing, Device, Engine, Scenario, Task
@@ -56,8 +57,14 @@ def _finetune_parts(scenario: Scenario) -> list[str]:
     method = scenario.finetune
     if not method.uses_adapters:
         return []
-    return [f"{method.method.value}:r={method.lora_r}:dropout={'on' if method.lora_dropout > 0 else 'off'}"
-            f":targets={method.targets_text}", f"peft={metadata.version('peft')}"]
+    parts = [(f"{method.method.value}:r={method.lora_r}:dropout={'on' if method.lora_dropout > 0 else 'off'}"
+              f":targets={method.targets_text}"), f"peft={metadata.version('peft')}"]
+    if method.method is Method.QLORA:
+        # Dequantising a double-quantised weight first dequantises its absmax (a temporary);
+        # the kernels differ by type (LoRA's keys stay as they were).
+        parts.append(f"4bit={method.quant_type}:double-quant={'on' if method.double_quant else 'off'}"
+                     f":bitsandbytes={metadata.version('bitsandbytes')}")
+    return parts
 
 
 # CUDA plans are probed with the CUDA kernels of one architecture (planner.probe.fake_cuda):
@@ -123,6 +130,18 @@ def _compute(shape: ModelShape, scenario: Scenario, key: str) -> ProbeTable:
     _report(f"probing {shape.name} ({key.rsplit('|', 1)[0]}): the model's own step on fake tensors")
     exceeded = window_exceeded(shape, scenario)
     gpu = probe_gpu(scenario)
+    # fp32 weights, gradients, init, slack (QLoRA: the fp32 copy it is quantised from, saved and loaded)
+    needed = 4 * 4 * _reduced_parameters(shape, len(layout.probed))
+    if scenario.finetune.method is Method.QLORA:
+        # bitsandbytes' Params4bit cannot wrap a fake tensor (torch.Tensor._make_subclass refuses
+        # one already bound to FakeTensor), and transformers quantises real weights as it loads
+        # them (planner.probe.build.quantized_lora): real tensors, if they fit.
+        if needed > _available_ram_bytes() // 2:
+            raise ProbeUnsupported(f"QLoRA is probed on real tensors (a 4-bit base is quantised from real "
+                                   f"weights) and {shape.name}'s reduced copy needs about {needed / 2**30:.1f} GiB")
+        _report(f"QLoRA's base is quantised from real weights: probing {shape.name} on small real tensors")
+        return solve(record_probes(config_dict, config, scenario, layout, exceeded, _report, real=True), layout, key,
+                     on_real_tensors=True)
     try:
         return solve(record_probes(config_dict, config, scenario, layout, exceeded, _report, gpu=gpu), layout, key)
     except ProbeUnsupported:
@@ -133,7 +152,6 @@ def _compute(shape: ModelShape, scenario: Scenario, key: str) -> ProbeTable:
                                    f"({type(error).__name__}: {str(error).splitlines()[0][:80]})") from None
         # The model's code reads tensor values (a nonzero() in its loss) or has no fake kernel
         # for this case (a mixture of experts' fp32 grouped matmul): real tensors, if they fit.
-        needed = 4 * 4 * _reduced_parameters(shape, len(layout.probed))  # fp32 weights, gradients, init, slack
         if needed > _available_ram_bytes() // 2:
             raise ProbeUnsupported(f"fake tensors cannot run the model's step ({type(error).__name__}: "
                                    f"{str(error).splitlines()[0][:80]}) and its reduced copy needs about "

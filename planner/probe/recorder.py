@@ -65,6 +65,10 @@ class Recorder(TrainableMemTracker):
         self.micro_batch = 0
         self.backward = False
 
+    def _update_peak_stats(self, peak_state) -> None:
+        # The events are the record: no running peak is read from a recorder.
+        pass
+
     def _update_and_maybe_create_winfos(self, t, reftype, update_existing=False):
         winfos = super()._update_and_maybe_create_winfos(t, reftype, update_existing)
         self._note_shape(t)

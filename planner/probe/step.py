@@ -19,11 +19,13 @@ path, but on the reduced model's tensors only, which is not the real model's tot
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 
+from planner.finetune import Method
 from planner.model_shape import ModelShape
-from planner.scenario import Engine, Optimizer, Scenario
+from planner.scenario import Engine, Optimizer, Precision, Scenario
 
 
 def step_temporaries(shape: ModelShape, scenario: Scenario, gpu=None) -> int:
@@ -47,10 +49,17 @@ def step_temporaries(shape: ModelShape, scenario: Scenario, gpu=None) -> int:
     config_dict = json.loads(shape.source_config)
     config = load_transformers_config(config_dict, scenario.task, scenario.num_labels)
     reduced = reduced_config(config, layout_for(config), window_exceeded=False)
+    built = scenario
+    if scenario.finetune.method is Method.QLORA:
+        # The step touches the trainable tensors only, and QLoRA's are LoRA's on an fp32 base
+        # (prepare_model_for_kbit_training casts every float parameter to fp32), in the same
+        # order; a 4-bit base cannot be quantised from fake weights.
+        built = dataclasses.replace(scenario, precision=Precision.FP32,
+                                    finetune=dataclasses.replace(scenario.finetune, method=Method.LORA))
     fake = FakeTensorMode()
     with fake, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = build_model(config_dict, scenario, config=reduced)
+        model = build_model(config_dict, built, config=reduced)
         for parameter in model.parameters():
             if parameter.requires_grad:  # LoRA: the adapters only; the frozen base has no gradient
                 parameter.grad = torch.zeros_like(parameter)
