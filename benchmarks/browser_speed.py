@@ -722,11 +722,7 @@ def main(argv: list[str] | None = None) -> int:
                 diagnosis["websocket_client_rerender"] = summarise(client)
                 diagnosis["websocket_client_new_session"] = summarise(firsts)
         finally:
-            server.terminate()
-            try:
-                server.wait(15)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            load_test.stop_server(server)
 
     if not args.no_load_test:
         summary, errors, _ = load_test.run_load_test(load_sessions, load_rerenders)

@@ -128,6 +128,14 @@ async def drive(url: str, sessions: int, rerenders: int, render_timeout_s: float
     return results, errors, len(pending)
 
 
+def stop_server(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(15)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
 def start_server(port: int, data_dir: str) -> subprocess.Popen:
     env = {**os.environ, "PLANNER_DATA_DIR": data_dir}
     # As scripts/dashboard.sh starts it (the README's command): scripts/serve.py, with the
@@ -163,11 +171,7 @@ def run_load_test(sessions: int = 20, rerenders: int = 5, render_timeout_s: floa
             results, errors, unfinished = asyncio.run(drive(url, sessions, rerenders, render_timeout_s, budget_s))
             wall = time.perf_counter() - t0
         finally:
-            server.terminate()
-            try:
-                server.wait(15)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            stop_server(server)
 
     times = [t for _, session_times in results for t in session_times]
     firsts = [first for first, _ in results if first is not None]
