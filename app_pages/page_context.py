@@ -4,6 +4,7 @@ rerun, with bad input shown as one error line (the page then stops drawing, the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -50,7 +51,7 @@ class PageContext:
     def base_values(self) -> dict:
         return base_values(self.values)
 
-    @property
+    @functools.cached_property  # every cached chart of a render asks; the config is hashed once
     def scenario_key(self) -> tuple:
         """What every number on a page follows from: the sidebar's values and the model's config
         (a hub id or an uploaded file names it, the config is what was read)."""

@@ -239,8 +239,9 @@ def _adapter_step_bytes(trainable: tuple[tuple[str, tuple[int, ...], int], ...],
     return optimizer_step_transient_bytes(compute_parameter_stats(params), scenario.optimizer, dtype, Device.CUDA)
 
 
-def _adapter_states(shape: ModelShape, scenario: Scenario) -> tuple[int, int, int, int, int]:
-    """(weights, gradients, optimizer state, trainable parameters, frozen weight bytes) of LoRA:
+def _adapter_states(shape: ModelShape, scenario: Scenario):
+    """(weights, gradients, optimizer state, trainable parameters, frozen weight bytes, the
+    AdapterCount they come from) of LoRA:
     the frozen base and the adapters as PEFT builds them, gradients and state for the
     trainable tensors only (planner.adapters)."""
     from planner.adapters import adapter_count, quantized_base
@@ -265,7 +266,7 @@ def _adapter_states(shape: ModelShape, scenario: Scenario) -> tuple[int, int, in
     weights += on_device(shape.float_buffer_elements * 4) + on_device(shape.other_buffer_bytes)
     gradients = sum(on_device(math.prod(dims) * size) for _, dims, size in count.trainable)
     state = tensor_state_bytes(count.trainable, scenario.optimizer, scenario.device, scenario.engine)
-    return weights, gradients, state, count.trainable_parameters, parameters - count.trainable_bytes
+    return weights, gradients, state, count.trainable_parameters, parameters - count.trainable_bytes, count
 
 
 def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
@@ -274,15 +275,12 @@ def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     if scenario.finetune.method is Method.QLORA and scenario.device is not Device.CPU:
         raise PlannerInputError("QLoRA is planned from a probe on real CPU tensors (a 4-bit base is quantised "
                                 "from real weights): use --device cpu (CUDA's 4-bit kernels are not modelled yet)")
-    weights, gradients, state, trainable, frozen = _adapter_states(shape, scenario)
+    weights, gradients, state, trainable, frozen, count = _adapter_states(shape, scenario)
     step = None
     notes: tuple[str, ...] = ()
     if scenario.device is Device.CUDA:
-        from planner.adapters import adapter_count
         from planner.probe.cache import CUDA_PROBE_ARCH
 
-        dtype = "bfloat16" if scenario.precision is Precision.BF16 else "float32"
-        count = adapter_count(shape.source_config, scenario.task, scenario.num_labels, scenario.finetune, dtype)
         step = _adapter_step_bytes(count.trainable, scenario)
         notes = (f"LoRA on CUDA: activations probed with {CUDA_PROBE_ARCH}'s CUDA kernels on fake tensors "
                  "(planner/probe/fake_cuda.py, not yet measured on a GPU), each saved tensor at its exact size "
