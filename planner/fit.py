@@ -42,11 +42,17 @@ So one optimizer swap ranks below any number of changes that keep the maths, and
 fewer changes of the same class rank above more.
 
 LoRA and QLoRA plans are searched where planner.estimate plans them; where it refuses
-(both off device cpu) the result says so in one line per method
-(`left_out`, the estimate's own reason), and shows no numbers for them. LoRA plans are
-searched in the user's precision only (each precision is one more probe of the
-PEFT-wrapped model, seconds on first use) and on one device (planner.parallel models
-full fine-tuning).
+the result says so in one line per method (`left_out`, the estimate's own reason), and
+shows no numbers for them. LoRA plans are searched on one device (planner.parallel
+models full fine-tuning), in the user's precision and, where the GPU has bf16, with the
+frozen base in bf16 (LORA_BASE_PRECISION). That is a SWAP, not the pure-bf16 risk: PEFT
+keeps the adapters, the only weights updated, in fp32 (`get_peft_model`'s
+`autocast_adapter_dtype`: "only cast adapter weights using float16 and bfloat16 to
+float32, as this is typically required for stable training"), so their gradients,
+optimizer state and updates are fp32; it is how PEFT's and the QLoRA paper's examples
+load a 7B base (Dettmers et al. 2023 compute in bf16 over a frozen base). Other
+precisions are not searched for LoRA: each is one more probe of the PEFT-wrapped model
+(seconds on first use), and bf16 autocast over an fp32 base holds more than either.
 
 Peak memory grows monotonically with batch size and with sequence length (every category
 is a non-decreasing function of both), which is what makes bisection exact. Estimates
@@ -183,6 +189,15 @@ def search_precisions(gpu: GpuSpec) -> tuple[Precision, ...]:
     return SEARCH_PRECISIONS if gpu.supports_bf16 else SEARCH_PRECISIONS_WITHOUT_BF16
 
 
+# LoRA / QLoRA: the frozen base in bf16, the adapters fp32 (PEFT), searched next to the user's precision.
+LORA_BASE_PRECISION = Precision.BF16
+
+
+def adapter_precisions(gpu: GpuSpec, own: Precision) -> tuple[Precision, ...]:
+    """The precisions a LoRA / QLoRA plan is searched in: the user's, and a bf16 base where `gpu` has bf16."""
+    return _with_own((LORA_BASE_PRECISION,) if gpu.supports_bf16 else (), own)
+
+
 SEARCH_CHECKPOINTING = (Checkpointing.NONE, Checkpointing.EVERY_LAYER)
 # With several GPUs: data parallel, and the sharded strategies that change what fits.
 # ZeRO-3 is left out: the planner models it as FSDP full shard (same memory and traffic).
@@ -265,8 +280,11 @@ def plan_changes(own: Scenario, own_strategy: Strategy, plan: Scenario, strategy
         changes.append(Change(ChangeKind.OPTIMIZER, own.optimizer.value, plan.optimizer.value,
                               Cost.RISKY if risky else Cost.SWAP, Risk.SGD if risky else None))
     if plan.precision is not own.precision:
-        risky = plan.precision is Precision.BF16
-        changes.append(Change(ChangeKind.PRECISION, own.precision.value, plan.precision.value,
+        adapters = plan.finetune.uses_adapters
+        # Pure bf16 risks quality only where the trained weights are bf16: LoRA's adapters stay fp32.
+        risky = plan.precision is Precision.BF16 and not adapters
+        after = f"{plan.precision.value} frozen base (adapters fp32)" if adapters else plan.precision.value
+        changes.append(Change(ChangeKind.PRECISION, own.precision.value, after,
                               Cost.RISKY if risky else Cost.SWAP, Risk.PURE_BF16 if risky else None))
     if strategy is not own_strategy:
         changes.append(Change(ChangeKind.STRATEGY, own_strategy.value, strategy.value, Cost.KEEPS_MATHS))
@@ -496,6 +514,7 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
     if gpu.supports_bf16 or own.precision not in _BF16_KINDS:
         precisions = _with_own(precisions, own.precision)
     adapters, left_out = _adapter_methods(shape, base, num_devices, lora)
+    lora_precisions = adapter_precisions(gpu, own.precision)
     finetunes = ([FineTune()] if own.finetune.uses_adapters else [own.finetune]) + adapters
 
     # The peak depends on accumulation only through "is there more than one micro-batch"
@@ -511,9 +530,9 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
             continue
         for finetune in finetunes:
             for optimizer in optimizers:
-                # LoRA in the user's precision only: each precision is one more probe of the
-                # PEFT-wrapped model (seconds on first use), and a second change on top of the method.
-                for precision in (precisions if finetune.method is Method.FULL else (own.precision,)):
+                # LoRA in the user's precision and with a bf16 base only: each precision is one
+                # more probe of the PEFT-wrapped model (seconds on first use).
+                for precision in (precisions if finetune.method is Method.FULL else lora_precisions):
                     for checkpointing in SEARCH_CHECKPOINTING:
                         for k in accumulations:
                             combinations += 1

@@ -277,14 +277,15 @@ def test_report_carries_the_fit_finders_best_options(tmp_path):
 def test_report_lists_the_nearest_plans_when_nothing_fits(tmp_path):
     from reporting import write_report
 
-    values = {"config": "gpt2", "task": "causal-lm", "batch_size": 4, "seq_len": 512, "gpu": "1.5"}
+    # 1.25 GiB: 600 MiB of room, under LoRA's least with a bf16 base (631 MiB: its bf16 weights, 238 MiB).
+    values = {"config": "gpt2", "task": "causal-lm", "batch_size": 4, "seq_len": 512, "gpu": "1.25"}
     report = json.loads(write_report(values, tmp_path / "plan.json").read_text())
     shape = load_model_shape("gpt2", Task.CAUSAL_LM)
     assert report["what_fits"] == [] and report["what_fits_nearest"]
     # On CUDA a plan gets the capacity less the overheads (planner.cuda_overheads; a size names
     # no GPU, so their larger figures).
     overheads = cuda_overheads(None)
-    room = 3 * GIB // 2 - overheads.total_bytes - overheads.allocator_bytes
+    room = 5 * GIB // 4 - overheads.total_bytes - overheads.allocator_bytes
     for row in report["what_fits_nearest"]:
         plan = scenario_from_values(task="causal-lm", batch_size=row["micro-batch"], seq_len=512,
                                     optimizer=row["optimizer"], precision=row["precision"],
@@ -327,9 +328,10 @@ def mistral():
 
 
 def _risky(scenario) -> set:
-    """The risks a plan takes against an AdamW, bf16-mixed plan, read from its fields alone."""
-    return ({Risk.SGD} if scenario.optimizer is Optimizer.SGD else set()) | (
-        {Risk.PURE_BF16} if scenario.precision is Precision.BF16 else set())
+    """The risks a plan takes against an AdamW, bf16-mixed plan, read from its fields alone
+    (a bf16 base under LoRA is no risk: the adapters PEFT trains stay fp32)."""
+    pure_bf16 = scenario.precision is Precision.BF16 and not scenario.finetune.uses_adapters
+    return ({Risk.SGD} if scenario.optimizer is Optimizer.SGD else set()) | ({Risk.PURE_BF16} if pure_bf16 else set())
 
 
 def test_mistral_on_8_a100_keeps_adamw_unless_risky_changes_are_allowed(mistral, capsys):
@@ -410,7 +412,7 @@ def test_checkpointing_alone_ranks_above_an_optimizer_change(gpt2):
 
 
 def test_nothing_fits_lists_the_nearest_plans_and_their_misses(gpt2, capsys):
-    capacity = 600 * 2**20  # gpt2's fp32 weights alone are 475 MiB
+    capacity = 300 * 2**20  # gpt2's fp32 weights alone are 475 MiB, its bf16 base under LoRA 238 MiB
     own = base(seq_len=256)
     result = find_fits(gpt2, own, capacity, FitTarget(256, effective_batch=4), A10)
     assert result.options == () and 0 < len(result.nearest) <= NEAREST_SHOWN
@@ -422,14 +424,16 @@ def test_nothing_fits_lists_the_nearest_plans_and_their_misses(gpt2, capsys):
     misses = [m.over_bytes for m in result.nearest]
     assert misses == sorted(misses)
     # The nearest is the lowest peak of every non-risky combination, recomputed here.
+    # Full plans in fp32 or bf16 autocast; LoRA (planned on CUDA too) in fp32 or over a bf16 base.
+    searched = [(FineTune(), p) for p in (Precision.FP32, Precision.BF16_MIXED)] + [
+        (FineTune(Method.LORA), p) for p in (Precision.FP32, Precision.BF16)]
     lowest = min(estimate(gpt2, dataclasses.replace(own, optimizer=o, precision=p, checkpointing=c,
                                                     batch_size=4 // k, grad_accum_steps=k, finetune=f)).peak_bytes
                  for o in (Optimizer.ADAMW, Optimizer.ADAMW8BIT, Optimizer.HF_ADAFACTOR)
-                 for p in (Precision.FP32, Precision.BF16_MIXED) for c in Checkpointing for k in (1, 2, 4)
-                 for f in (FineTune(), FineTune(Method.LORA)))  # LoRA is planned on CUDA too
+                 for f, p in searched for c in Checkpointing for k in (1, 2, 4))
     assert result.nearest[0].peak_bytes == lowest
     # The CLI prints them (and, as JSON, marks them as not fitting), on a GPU whose CUDA
-    # overheads (planner.cuda_overheads, an A10's) leave the same 600 MiB.
+    # overheads (planner.cuda_overheads, an A10's) leave the same 300 MiB.
     overheads = cuda_overheads(A10)
     driver_total = capacity + overheads.total_bytes + overheads.allocator_bytes
     argv = ["fit", "--config", "gpt2", "--gpu-memory-gib", str(driver_total / GIB), "--gpu", "a10", "--seq-len", "256",
@@ -467,3 +471,41 @@ def test_lora_plans_beside_full_ones_where_the_estimate_plans_them():
     assert on_cuda.left_out == (f"QLoRA plans left out: {refused.value}",)
     cuda_lora = [o for o in on_cuda.options if o.scenario.finetune.uses_adapters]
     assert cuda_lora and all(o.peak_bytes == estimate(shape, o.scenario).peak_bytes for o in cuda_lora)
+
+
+def test_lora_over_a_bf16_base_is_a_swap_because_peft_keeps_the_adapters_fp32():
+    """LoRA plans are also searched with the frozen base in bf16. PEFT casts bf16 adapters to
+    fp32 (`autocast_adapter_dtype`), so every weight the optimizer updates is fp32: the plan is
+    a precision swap, not the pure-bf16 risk, and it is proposed without --allow-risky."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from planner.adapters import lora_config
+    from planner.shapes_from_config import load_transformers_config
+
+    name = "tiny-gpt2"
+    own = base(seq_len=SEQ, device="cuda", batch_size=2)
+    config_dict = tiny_config(name)
+    model = AutoModelForCausalLM.from_config(load_transformers_config(config_dict, own.task, 0), dtype=torch.bfloat16)
+    peft_model = get_peft_model(model, lora_config(FineTune(Method.LORA), own.task))
+    trained = {p.dtype for p in peft_model.parameters() if p.requires_grad}
+    frozen = {p.dtype for p in peft_model.parameters() if not p.requires_grad}
+    assert trained == {torch.float32} and frozen == {torch.bfloat16}
+
+    shape = model_shape_for_config(config_dict, own.task, own.num_labels, name)
+    result = find_fits(shape, own, GIB, FitTarget(SEQ, batch_size=2), A10, with_max_seq_len=False)
+    over_bf16 = [o for o in result.options
+                 if o.scenario.finetune.method is Method.LORA and o.scenario.precision is Precision.BF16]
+    assert over_bf16 and not result.allow_risky
+    for option in over_bf16:
+        precision = next(c for c in option.changes if c.kind is ChangeKind.PRECISION)
+        assert (precision.cost, precision.risk) == (Cost.SWAP, None)
+        assert precision.text == "precision fp32 -> bf16 frozen base (adapters fp32)"
+        assert option.peak_bytes == estimate(shape, option.scenario).peak_bytes
+    # Full fine-tuning in pure bf16 stays a risk, left out unless allowed.
+    assert not any(o.scenario.precision is Precision.BF16 for o in result.options
+                   if not o.scenario.finetune.uses_adapters)
+    # On a GPU without bf16 (a T4) LoRA stays in the user's precision.
+    t4 = find_fits(shape, own, GIB, FitTarget(SEQ, batch_size=2), GPUS["t4"], with_max_seq_len=False)
+    assert {o.scenario.precision for o in t4.options if o.scenario.finetune.uses_adapters} == {Precision.FP32}
