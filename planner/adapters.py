@@ -63,17 +63,27 @@ class QuantizedBase:
     # to the compute dtype at the first forward (`bias.data = bias.data.to(x.dtype)`,
     # bitsandbytes 0.50 nn/modules.py), so a run stores them in bf16 under a bf16 compute dtype.
     quantized_bias_elements: int = 0
+    # Per tensor, for a device that allocates each in blocks (CUDA): the bytes of every tensor
+    # stored for the 4-bit weights, and each other parameter's (elements, is a 4-bit layer's bias).
+    stored_tensors: tuple[int, ...] = ()
+    unquantized_tensors: tuple[tuple[int, bool], ...] = ()
 
 
-def quantized_weight_bytes(elements: int, double_quant: bool) -> int:
-    """Bytes bitsandbytes stores for one 4-bit weight of `elements` values (module doc)."""
+def quantized_weight_tensors(elements: int, double_quant: bool) -> tuple[int, ...]:
+    """Bytes of each tensor bitsandbytes stores for one 4-bit weight of `elements` values:
+    packed weight, absmax, (nested absmax, nested code, offset,) 4-bit code (module doc)."""
     blocks = -(elements // -BLOCKSIZE)
     packed = (elements + 1) // 2
     code = 4 * CODE_ENTRIES
     if not double_quant:
-        return packed + 4 * blocks + code
+        return packed, 4 * blocks, code
     nested_blocks = -(blocks // -NESTED_BLOCKSIZE)
-    return packed + blocks + 4 * nested_blocks + 4 * NESTED_CODE_ENTRIES + 4 + code
+    return packed, blocks, 4 * nested_blocks, 4 * NESTED_CODE_ENTRIES, 4, code
+
+
+def quantized_weight_bytes(elements: int, double_quant: bool) -> int:
+    """Bytes bitsandbytes stores for one 4-bit weight of `elements` values (module doc)."""
+    return sum(quantized_weight_tensors(elements, double_quant))
 
 
 def _meta_model(source_config: str, task: Task, num_labels: int, dtype_name: str):
@@ -167,9 +177,11 @@ def quantized_base(source_config: str, task: Task, num_labels: int, double_quant
                                 "layers transformers converts): use --finetune lora")
     elements = [m.in_features * m.out_features for m in quantized]
     weights = {id(m.weight) for m in quantized}
-    others = sum(p.numel() for p in model.parameters() if id(p) not in weights)
-    # Linear4bit's bias stays a float parameter; it is among `others`.
-    biases = sum(m.bias.numel() for m in quantized if m.bias is not None)
-    return QuantizedBase(len(quantized), sum(elements),
-                         sum(quantized_weight_bytes(n, double_quant) for n in elements), int(others), int(biases))
+    bias_ids = {id(m.bias) for m in quantized if m.bias is not None}
+    # Linear4bit's bias stays a float parameter; it is among the others.
+    others = tuple((int(p.numel()), id(p) in bias_ids) for p in model.parameters() if id(p) not in weights)
+    biases = sum(n for n, is_bias in others if is_bias)
+    stored = tuple(t for n in elements for t in quantized_weight_tensors(n, double_quant))
+    return QuantizedBase(len(quantized), sum(elements), sum(stored), sum(n for n, _ in others), int(biases),
+                         stored, others)
 

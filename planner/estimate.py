@@ -255,14 +255,16 @@ def _adapter_states(shape: ModelShape, scenario: Scenario):
     on_device = allocation(scenario.device)  # each tensor in 512-byte blocks on CUDA
     parameters = count.all_bytes
     weights = sum(on_device(n) for n in count.parameter_bytes)
-    if qlora:  # planned on CPU only (exact sizes)
+    if qlora:
         base = quantized_base(shape.source_config, scenario.task, scenario.num_labels, scenario.finetune.double_quant,
                               scenario.finetune.quant_type)
         # The 4-bit layers' biases are stored in the compute dtype from the first forward on.
         compute_bytes = 4 if scenario.precision is Precision.FP32 else 2
         parameters = (base.quantized_bytes + 4 * (base.unquantized_elements - base.quantized_bias_elements)
                       + compute_bytes * base.quantized_bias_elements + count.trainable_bytes)
-        weights = parameters
+        weights = (sum(on_device(n) for n in base.stored_tensors)
+                   + sum(on_device(n * (compute_bytes if is_bias else 4)) for n, is_bias in base.unquantized_tensors)
+                   + sum(on_device(math.prod(dims) * size) for _, dims, size in count.trainable))
     weights += on_device(shape.float_buffer_elements * 4) + on_device(shape.other_buffer_bytes)
     gradients = sum(on_device(math.prod(dims) * size) for _, dims, size in count.trainable)
     state = tensor_state_bytes(count.trainable, scenario.optimizer, scenario.device, scenario.engine)
@@ -272,9 +274,6 @@ def _adapter_states(shape: ModelShape, scenario: Scenario):
 def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     """LoRA: exact states, and every activation and gradient moment from the probe of the
     PEFT-wrapped model (frozen linears saving their inputs, adapters' dropout and A-path)."""
-    if scenario.finetune.method is Method.QLORA and scenario.device is not Device.CPU:
-        raise PlannerInputError("QLoRA is planned from a probe on real CPU tensors (a 4-bit base is quantised "
-                                "from real weights): use --device cpu (CUDA's 4-bit kernels are not modelled yet)")
     weights, gradients, state, trainable, frozen, count = _adapter_states(shape, scenario)
     step = None
     notes: tuple[str, ...] = ()
@@ -285,6 +284,11 @@ def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         notes = (f"LoRA on CUDA: activations probed with {CUDA_PROBE_ARCH}'s CUDA kernels on fake tensors "
                  "(planner/probe/fake_cuda.py, not yet measured on a GPU), each saved tensor at its exact size "
                  "(the caching allocator's 512-byte blocks are not added to them).",)
+        if scenario.finetune.method is Method.QLORA:
+            notes += ("QLoRA on CUDA: the 4-bit base is quantised by transformers' own quantiser on fake tensors, "
+                      "and each 4-bit matmul dequantises its weight as bitsandbytes' CUDA kernel does for more "
+                      "than 1536 tokens per micro-batch (planner/probe/fake_quantized.py; at fewer, its fused "
+                      "kernel may hold up to one dequantised weight less).",)
     probed = _probed_phases(shape, scenario, weights, state, step)
     if isinstance(probed, str):
         label = "QLoRA" if scenario.finetune.method is Method.QLORA else "LoRA"

@@ -295,9 +295,8 @@ def test_report_lists_the_nearest_plans_when_nothing_fits(tmp_path):
     filled = json.loads(write_report({**values, "gpu": "0.5"}, tmp_path / "small.json").read_text())
     assert filled["what_fits"] == [] and filled["what_fits_nearest"] == []
     assert filled["what_fits_left_out"][0].startswith("the CUDA overheads alone")
-    # LoRA is planned on CUDA (probed with CUDA's kernels), QLoRA not yet.
-    assert any(line.startswith("QLoRA plans left out") for line in report["what_fits_left_out"])
-    assert not any(line.startswith("LoRA plans left out") for line in report["what_fits_left_out"])
+    # LoRA and QLoRA are planned on CUDA (probed with CUDA's kernels).
+    assert not any("LoRA plans left out" in line for line in report["what_fits_left_out"])
     markdown = write_report(values, tmp_path / "plan.md").read_text()
     assert "The nearest plans" in markdown and "| over by (%) |" in markdown
 
@@ -424,9 +423,9 @@ def test_nothing_fits_lists_the_nearest_plans_and_their_misses(gpt2, capsys):
     misses = [m.over_bytes for m in result.nearest]
     assert misses == sorted(misses)
     # The nearest is the lowest peak of every non-risky combination, recomputed here.
-    # Full plans in fp32 or bf16 autocast; LoRA (planned on CUDA too) in fp32 or over a bf16 base.
+    # Full plans in fp32 or bf16 autocast; LoRA and QLoRA (planned on CUDA too) in fp32 or over a bf16 base.
     searched = [(FineTune(), p) for p in (Precision.FP32, Precision.BF16_MIXED)] + [
-        (FineTune(Method.LORA), p) for p in (Precision.FP32, Precision.BF16)]
+        (FineTune(m), p) for m in (Method.LORA, Method.QLORA) for p in (Precision.FP32, Precision.BF16)]
     lowest = min(estimate(gpt2, dataclasses.replace(own, optimizer=o, precision=p, checkpointing=c,
                                                     batch_size=4 // k, grad_accum_steps=k, finetune=f)).peak_bytes
                  for o in (Optimizer.ADAMW, Optimizer.ADAMW8BIT, Optimizer.HF_ADAFACTOR)
@@ -464,13 +463,12 @@ def test_lora_plans_beside_full_ones_where_the_estimate_plans_them():
         assert option.changes[0].text == f"fine-tuning full -> {method} r16" and option.changes[0].cost is Cost.METHOD
         assert option.peak_bytes == estimate(shape, option.scenario).peak_bytes
     assert result.left_out == ()
-    # Device cuda: LoRA is probed with CUDA's kernels (tests/test_lora.py), QLoRA is refused.
-    with pytest.raises(PlannerInputError) as refused:
-        estimate(shape, dataclasses.replace(own, device=Device.CUDA, finetune=FineTune(Method.QLORA)))
+    # Device cuda: LoRA and QLoRA are probed with CUDA's kernels (tests/test_lora.py, tests/test_qlora.py).
     on_cuda = find_fits(shape, dataclasses.replace(own, device=Device.CUDA), GIB, FitTarget(SEQ, batch_size=2), A10)
-    assert on_cuda.left_out == (f"QLoRA plans left out: {refused.value}",)
+    assert on_cuda.left_out == ()
     cuda_lora = [o for o in on_cuda.options if o.scenario.finetune.uses_adapters]
-    assert cuda_lora and all(o.peak_bytes == estimate(shape, o.scenario).peak_bytes for o in cuda_lora)
+    assert {o.scenario.finetune.method for o in cuda_lora} == {Method.LORA, Method.QLORA}
+    assert all(o.peak_bytes == estimate(shape, o.scenario).peak_bytes for o in cuda_lora)
 
 
 def test_lora_over_a_bf16_base_is_a_swap_because_peft_keeps_the_adapters_fp32():

@@ -71,8 +71,8 @@ def quantized_lora(model: torch.nn.Module, scenario: Scenario) -> torch.nn.Modul
     `get_peft_model(model, LoraConfig(...))`. The random model is saved and loaded back through
     `from_pretrained` itself, so transformers' bitsandbytes quantizer decides, as for a user, which
     layers become 4-bit (not the output layer nor tied weights) and how each is stored; the load
-    takes the dtype the model was built in. Real CPU tensors only: `from_pretrained` reads files
-    and bitsandbytes quantises real values (the probe runs QLoRA on small real tensors)."""
+    takes the dtype the model was built in. A fake-tensor model takes the same quantiser and
+    quantisation without files (planner.probe.fake_quantized), for CUDA plans."""
     import tempfile
     import warnings
 
@@ -81,24 +81,29 @@ def quantized_lora(model: torch.nn.Module, scenario: Scenario) -> torch.nn.Modul
 
     from planner.adapters import lora_config
 
-    if any(isinstance(p, FakeTensor) for p in model.parameters()):
-        raise NotImplementedError("QLoRA models are quantised from real weights: run them on real tensors")
-    auto_class = type(model)
-    dtype = next(model.parameters()).dtype
-    bars = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()  # a run's and the probe's progress is their own
-    try:
-        with tempfile.TemporaryDirectory(prefix="planner-qlora-") as folder, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model.save_pretrained(folder)
-            del model
-            model = auto_class.from_pretrained(folder, quantization_config=quantization_settings(scenario),
-                                               device_map="cpu", dtype=dtype)
-    finally:
-        if bars:
-            logging.enable_progress_bar()
+    from planner.probe.fake_mode import adapters_cast_in_place
+    from planner.probe.fake_quantized import fake_quantized_model
+
+    fake = any(isinstance(p, FakeTensor) for p in model.parameters())
+    if fake:  # the same quantiser and quantisation on fake tensors (planner.probe.fake_quantized)
+        model = fake_quantized_model(model, quantization_settings(scenario))
+    else:
+        auto_class = type(model)
+        dtype = next(model.parameters()).dtype
+        bars = logging.is_progress_bar_enabled()
+        logging.disable_progress_bar()  # a run's and the probe's progress is their own
+        try:
+            with tempfile.TemporaryDirectory(prefix="planner-qlora-") as folder, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model.save_pretrained(folder)
+                del model
+                model = auto_class.from_pretrained(folder, quantization_config=quantization_settings(scenario),
+                                                   device_map="cpu", dtype=dtype)
+        finally:
+            if bars:
+                logging.enable_progress_bar()
     model.config.use_cache = False
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), adapters_cast_in_place() if fake else contextlib.nullcontext():
         warnings.simplefilter("ignore")  # transformers' deprecation of is_gradient_checkpointing, read by PEFT
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=scenario.checkpointing is Checkpointing.EVERY_LAYER)

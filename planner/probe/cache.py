@@ -132,10 +132,11 @@ def _compute(shape: ModelShape, scenario: Scenario, key: str) -> ProbeTable:
     gpu = probe_gpu(scenario)
     # fp32 weights, gradients, init, slack (QLoRA: the fp32 copy it is quantised from, saved and loaded)
     needed = 4 * 4 * _reduced_parameters(shape, len(layout.probed))
-    if scenario.finetune.method is Method.QLORA:
-        # bitsandbytes' Params4bit cannot wrap a fake tensor (torch.Tensor._make_subclass refuses
-        # one already bound to FakeTensor), and transformers quantises real weights as it loads
-        # them (planner.probe.build.quantized_lora): real tensors, if they fit.
+    if scenario.finetune.method is Method.QLORA and gpu is None:
+        # On the CPU, QLoRA is probed as a user runs it: transformers quantises real weights as
+        # it loads them (planner.probe.build.quantized_lora), on real tensors if they fit. CUDA
+        # plans take the same quantiser on fake tensors (planner.probe.fake_quantized), with
+        # bitsandbytes' CUDA matmul.
         if needed > _available_ram_bytes() // 2:
             raise ProbeUnsupported(f"QLoRA is probed on real tensors (a 4-bit base is quantised from real "
                                    f"weights) and {shape.name}'s reduced copy needs about {needed / 2**30:.1f} GiB")

@@ -68,6 +68,7 @@ import contextlib
 import copy
 import functools
 import logging
+import sys
 
 import torch
 from torch._subclasses import fake_impls
@@ -223,8 +224,14 @@ def simulation(fake_mode, gpu=None):
         from planner.probe.fake_cuda import cuda_kernels
 
         kernels = cuda_kernels(gpu)
+    # A 4-bit model imported bitsandbytes; its matmul then runs as on CUDA (planner.probe.fake_quantized).
+    four_bit = contextlib.nullcontext()
+    if gpu is not None and "bitsandbytes" in sys.modules:
+        from planner.probe.fake_quantized import gemm_4bit_as_on_cuda
+
+        four_bit = gemm_4bit_as_on_cuda()
     with (fake_mode, scalar_stand_ins(), all_ones_padding_masks(), grouped_mm_in_every_dtype(),
-          _quiet_fake_kernel_failures(), kernels as choices):
+          _quiet_fake_kernel_failures(), four_bit, kernels as choices):
         yield choices  # with a gpu, the record of its attention choices (fake_cuda.cuda_kernels)
 
 
