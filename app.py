@@ -125,7 +125,8 @@ with st.sidebar:
     if method != Method.FULL.value:
         # The planner checks every value (planner.finetune): a bad one is its one-line error on the page.
         rank_column, alpha_column = st.columns(2)
-        rank_column.number_input("Rank r", min_value=0, step=1, key="lora_r", help="LoraConfig(r=...)")
+        rank_column.number_input("Rank r", min_value=0, max_value=MAXIMA["lora_r"], step=1, key="lora_r",
+                                 help="LoraConfig(r=...)")
         alpha_column.number_input("Alpha", min_value=0.0, step=1.0, key="lora_alpha", placeholder="2 × r",
                                   help="LoraConfig(lora_alpha=...); empty: 2 × r")
         st.number_input("Dropout", min_value=0.0, max_value=1.0, step=0.05, format="%.2f", key="lora_dropout",

@@ -325,3 +325,14 @@ def test_apply_this_plan_writes_a_lora_plan_s_method_into_the_sidebar():
     full = plan_state(SimpleNamespace(scenario=scenario_from_values(task="causal-lm", batch_size=4, seq_len=128),
                                       strategy=Strategy.SINGLE))
     assert full["finetune"] == "full" and "lora_r" not in full
+
+
+def test_the_report_command_takes_lora_on_one_gpu_and_refuses_it_on_several(tmp_path, capsys):
+    from reporting.cli import main
+
+    out = tmp_path / "plan.md"
+    assert main(["--config", "gpt2", "--task", "causal-lm", "--batch-size", "2", "--seq-len", "128",
+                 "--finetune", "lora", "--gpu-count", "2", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "reporting: error: lora across several GPUs is not planned yet: drop --gpu-count"]
+    assert not out.exists()
