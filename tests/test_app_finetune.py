@@ -336,3 +336,14 @@ def test_the_report_command_takes_lora_on_one_gpu_and_refuses_it_on_several(tmp_
     assert capsys.readouterr().err.strip().splitlines() == [
         "reporting: error: lora across several GPUs is not planned yet: drop --gpu-count"]
     assert not out.exists()
+
+
+def test_a_first_lora_plan_shows_the_probe_s_progress_then_closes_it():
+    # A rank and targets no other test plans: this model's step is probed here, once.
+    at = app(query={**GPT2, "finetune": "lora", "lora_r": "4", "lora_targets": "c_attn,c_fc"})
+    assert not at.error, [e.value for e in at.error]
+    [status] = at.status
+    assert status.label == "Probed the model's own training step" and status.state == "complete"
+    assert any("probe 1 of 3" in m.value for m in status.markdown)
+    at.run()  # served from the probe's cache now: no box
+    assert not at.status and metric(at, "Trainable parameters") == f"{peft_trainable('gpt2', 4, ['c_attn', 'c_fc']):,}"
