@@ -81,12 +81,17 @@ def render() -> None:
         "trained, LoRA adapters on a frozen base, and the same on a 4-bit base, with the sidebar's LoRA settings.")
     methods = method_comparison(context, records, key="techniques_compare_methods")
     if methods is not None:
-        byte_column = {"format": "localized", "width": 95}
+        # Twelve columns in the page's width (TABLE_WIDTH_PX in the tests): the formatted peak
+        # (or the refusal) and the measured bytes stand for their pairs, full text on hover.
+        byte_column = {"format": "localized", "width": 80}
         st.dataframe(
             method_table(methods, context.capacity_bytes), hide_index=True, key="methods_table",
+            column_order=("method", "settings", "weights (bytes)", "gradients (bytes)", "optimizer state (bytes)",
+                          "activations (bytes)", "peak (bytes)", "peak", "trainable parameters",
+                          "frozen weights (bytes)", "measured peak (bytes)", "measured by"),
             column_config={
-                "method": st.column_config.TextColumn("method", width=110),
-                "settings": st.column_config.TextColumn("settings", width=150),
+                "method": st.column_config.TextColumn("method", width=85),
+                "settings": st.column_config.TextColumn("settings", width=100),
                 "weights (bytes)": st.column_config.NumberColumn("weights", **byte_column),
                 "gradients (bytes)": st.column_config.NumberColumn("gradients", **byte_column),
                 "optimizer state (bytes)": st.column_config.NumberColumn("opt. state", **byte_column,
@@ -94,15 +99,14 @@ def render() -> None:
                 "activations (bytes)": st.column_config.NumberColumn("activations", **byte_column,
                                                                      help="saved by one micro-batch's forward"),
                 "peak (bytes)": st.column_config.NumberColumn("peak bytes", **byte_column),
-                "peak": st.column_config.TextColumn("peak", width=90, help="estimated peak, or why it is refused"),
-                "fits": st.column_config.CheckboxColumn("fits", width=40),
-                "trainable parameters": st.column_config.NumberColumn("trainable", format="localized", width=95,
+                "peak": st.column_config.TextColumn("peak", width=70, help="estimated peak, or why it is refused"),
+                "trainable parameters": st.column_config.NumberColumn("trainable", format="localized", width=80,
                                                                       help="trainable parameters"),
                 "frozen weights (bytes)": st.column_config.NumberColumn("frozen", **byte_column,
                                                                         help="frozen weights (bytes)"),
-                "measured peak (bytes)": st.column_config.NumberColumn("meas. bytes", **byte_column),
-                "measured peak": st.column_config.TextColumn("measured", width=75, help="measured peak"),
-                "measured by": st.column_config.TextColumn("by", width=45, help="measurement mode of the run"),
+                "measured peak (bytes)": st.column_config.NumberColumn("measured", **byte_column,
+                                                                       help="measured peak (bytes); empty: no run"),
+                "measured by": st.column_config.TextColumn("by", width=40, help="measurement mode of the run"),
             })
         for row in methods:
             if row.error is not None:

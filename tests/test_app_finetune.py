@@ -32,6 +32,7 @@ from views.escaping import markdown_text
 from views.inputs import DEFAULTS, SidebarValues, scenario_for
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
+TABLE_WIDTH_PX = 980  # a table's width in a 1,440 px window beside the sidebar (tests/test_app_pages.py)
 TIMEOUT_S = 120  # a LoRA plan's first render probes the model's step (seconds on two cores)
 GPT2 = {"catalog_model": "gpt2", "task": "causal-lm", "batch_size": "2", "seq_len": "128", "device": "cpu"}
 QLORA_ON_CUDA = ("QLoRA is planned from a probe on real CPU tensors (a 4-bit base is quantised from real weights): "
@@ -208,6 +209,11 @@ def test_techniques_compare_full_lora_and_qlora_only_when_asked():
     assert table.loc["QLoRA", "peak"] == QLORA_ON_CUDA
     assert table.loc[["QLoRA"], ["weights (bytes)", "peak (bytes)", "trainable parameters"]].isna().all().all()
     assert f"qlora: {markdown_text(QLORA_ON_CUDA)}" in [c.value for c in at.caption]
+    # Every shown column has a width and together they fit the page beside the sidebar.
+    [shown] = [d for d in at.dataframe if "method" in d.value.columns]
+    columns, order = json.loads(shown.proto.columns), list(shown.proto.column_order)
+    assert order and all(name in table.reset_index().columns for name in order)
+    assert sum(columns[name]["width"] for name in order) <= TABLE_WIDTH_PX
 
 
 def test_the_method_comparison_shows_the_measured_peak_of_exactly_that_plan():
