@@ -12,16 +12,19 @@ from app_pages.model_cache import cached_hub_config
 from app_pages.query_state import decode_with_rejects, encode, rejects_warning
 from planner.catalog import catalog_entries
 from planner.errors import PlannerInputError
+from planner.finetune import Method
 from planner.scenario import Attention, Device, Precision, Task
 from views.escaping import markdown_text
 from views.inputs import (
     CUSTOM_GPU,
     DEFAULTS,
+    FINETUNE_LABELS,
     GPU_PRESETS,
     MAXIMA,
     MODEL_SOURCE_LABELS,
     OPTIMIZER_LABELS,
     PRECISION_LABELS,
+    QUANT_TYPE_LABELS,
     STRATEGY_LABELS,
     ModelSource,
     config_task_value,
@@ -113,6 +116,29 @@ with st.sidebar:
     st.selectbox("Precision", [p.value for p in Precision], format_func=PRECISION_LABELS.get, key="precision")
     st.toggle("Gradient checkpointing", key="gradient_checkpointing")
     st.selectbox("Attention", [a.value for a in Attention], key="attn")
+
+    st.subheader("Fine-tuning")
+    method = st.radio("Fine-tuning", list(FINETUNE_LABELS), format_func=FINETUNE_LABELS.get, key="finetune",
+                      horizontal=True, label_visibility="collapsed",
+                      help="Full: every parameter trains. LoRA: PEFT adapters on a frozen base. QLoRA: the same "
+                           "on a 4-bit base (bitsandbytes).")
+    if method != Method.FULL.value:
+        # The planner checks every value (planner.finetune): a bad one is its one-line error on the page.
+        rank_column, alpha_column = st.columns(2)
+        rank_column.number_input("Rank r", min_value=0, max_value=MAXIMA["lora_r"], step=1, key="lora_r",
+                                 help="LoraConfig(r=...)")
+        alpha_column.number_input("Alpha", min_value=0.0, step=1.0, key="lora_alpha", placeholder="2 × r",
+                                  help="LoraConfig(lora_alpha=...); empty: 2 × r")
+        st.number_input("Dropout", min_value=0.0, max_value=1.0, step=0.05, format="%.2f", key="lora_dropout",
+                        help="LoraConfig(lora_dropout=...), a probability below 1")
+        st.text_input("Target modules", key="lora_targets",
+                      help="all-linear (every linear layer but the output layer), or module names, "
+                           "comma-separated: q_proj,v_proj")
+    if method == Method.QLORA.value:
+        st.selectbox("4-bit type", list(QUANT_TYPE_LABELS), format_func=QUANT_TYPE_LABELS.get, key="quant_type",
+                     help="BitsAndBytesConfig(bnb_4bit_quant_type=...)")
+        st.toggle("Double quantisation", key="double_quant",
+                  help="BitsAndBytesConfig(bnb_4bit_use_double_quant=...): the quantisation constants quantised too")
 
     st.subheader("Hardware")
     st.radio("Device kind", [d.value for d in Device], key="device", horizontal=True,

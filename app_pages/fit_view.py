@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 
+from planner.finetune import Method
 from planner.fit import FitOption, FitTarget
 from planner.gpus import GpuSpec, nearest_gpu
 from planner.scenario import Checkpointing
@@ -45,14 +46,9 @@ def option_label(rank: int, option: FitOption) -> str:
     s = option.scenario
     checkpointing = ", checkpointing" if s.checkpointing is Checkpointing.EVERY_LAYER else ""
     strategy = "" if option.strategy in (Strategy.SINGLE, Strategy.DDP) else f"{option.strategy.value}, "
-    return (f"#{rank}: {strategy}{s.optimizer.value}, {s.precision.value}{checkpointing}, "
+    method = f"{s.finetune.method.value} r{s.finetune.lora_r}, " if s.finetune.uses_adapters else ""
+    return (f"#{rank}: {strategy}{method}{s.optimizer.value}, {s.precision.value}{checkpointing}, "
             f"{s.batch_size} x {s.grad_accum_steps} accumulation")
-
-
-def appliable(option: FitOption) -> bool:
-    """Whether "apply this plan" can write `option` into the sidebar, which has no
-    fine-tuning method yet: full fine-tuning plans only."""
-    return not option.scenario.finetune.uses_adapters
 
 
 def plan_state(option: FitOption) -> dict:
@@ -64,4 +60,11 @@ def plan_state(option: FitOption) -> dict:
              "batch_size": s.batch_size, "grad_accum": s.grad_accum_steps, "seq_len": s.seq_len}
     if option.strategy is not Strategy.SINGLE:
         state["strategy"] = option.strategy.value
+    method = s.finetune
+    state["finetune"] = method.method.value
+    if method.uses_adapters:
+        state.update(lora_r=method.lora_r, lora_alpha=method.lora_alpha, lora_dropout=method.lora_dropout,
+                     lora_targets=method.targets_text)
+    if method.method is Method.QLORA:
+        state.update(quant_type=method.quant_type, double_quant=method.double_quant)
     return state

@@ -4,10 +4,11 @@ rerun, with bad input shown as one error line (the page then stops drawing, the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -19,9 +20,10 @@ from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
-from planner.probe.cache import is_ready, probe_progress
+from planner.probe.cache import probe_progress
 from planner.scenario import Device, Scenario
 from planner.strategy import ParallelPlan
+from views.comparison import MethodRow, compare_methods
 from views.escaping import markdown_text
 from views.inputs import (
     CONFIG_SOURCES,
@@ -29,6 +31,8 @@ from views.inputs import (
     SidebarValues,
     base_values,
     capacity_bytes,
+    finetune_values,
+    lora_settings,
     model_config,
     parallel_plan_for,
     scenario_for,
@@ -49,7 +53,19 @@ class PageContext:
 
     @property
     def base_values(self) -> dict:
+        """The sidebar's scenario with full fine-tuning (what the technique comparisons start from)."""
         return base_values(self.values)
+
+    @property
+    def plan_values(self) -> dict:
+        """The sidebar's scenario as planned, its fine-tuning method included (FINETUNE_KEYS; none
+        for full fine-tuning, as the run history holds full runs)."""
+        method = finetune_values(self.values) if self.scenario.finetune.uses_adapters else {}
+        return base_values(self.values) | method
+
+    @property
+    def lora_settings(self) -> dict:
+        return lora_settings(self.values)
 
     @functools.cached_property  # every cached chart of a render asks; the config is hashed once
     def scenario_key(self) -> tuple:
@@ -78,6 +94,9 @@ def load_context() -> PageContext | None:
         result = estimate_with_progress(shape, scenario)
         capacity = capacity_bytes(values)
         parallel = parallel_plan_for(values)
+        if parallel.distributed and scenario.finetune.uses_adapters:  # as `planner parallel` refuses it
+            raise PlannerInputError(f"{scenario.finetune.method.value} across several GPUs is not planned yet: "
+                                    "set the number of GPUs to 1, or fine-tune in full")
         per_device = parallel_estimate(shape, scenario, parallel, result) if parallel.distributed else None
     except PlannerInputError as error:
         # Bad input is the user's to fix: say what and how, keep the page alive.
@@ -111,15 +130,54 @@ _WAITING = {
 }
 
 
+@contextlib.contextmanager
+def probe_status(name: str) -> Iterator[None]:
+    """Inside: the probe's progress lines in a status box, opened at its first line (so a plan
+    served from a stored table, or refused before any probe, shows none)."""
+    label = f"Probing {markdown_text(name)}'s own training step on fake tensors (once per model and technique)…"
+    opened = []
+
+    def show(message: str) -> None:
+        if not opened:
+            opened.append(st.status(label, expanded=True))
+        opened[0].write(markdown_text(message))
+
+    try:
+        with probe_progress(show):
+            yield
+    except PlannerInputError:
+        if opened:  # the page's error line says why
+            opened[0].update(label="The probe could not plan this", state="error", expanded=False)
+        raise
+    if opened:
+        opened[0].update(label="Probed the model's own training step", state="complete", expanded=False)
+
+
 def estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
-    """A CPU-kernel estimate of a model never probed runs the probe first (seconds): show it."""
-    if scenario.device is not Device.CPU or is_ready(shape, scenario):
+    """The first CPU-kernel or LoRA / QLoRA estimate of a model probes its training step
+    (seconds to a minute): show the probe's progress lines."""
+    if scenario.device is not Device.CPU and not scenario.finetune.uses_adapters:
         return estimate(shape, scenario)
-    label = f"Probing {markdown_text(shape.name)}'s own training step on fake tensors (once per model and technique)…"
-    with st.status(label, expanded=True) as status, probe_progress(status.write):
-        result = estimate(shape, scenario)
-        status.update(label="Probed the model's own training step", state="complete", expanded=False)
-    return result
+    with probe_status(shape.name):
+        return estimate(shape, scenario)
+
+
+COMPARE_METHODS = "compare_methods"  # session state shared by the Techniques and Report pages' boxes
+
+
+def method_comparison(context: PageContext, records: list, key: str) -> list[MethodRow] | None:
+    """Full fine-tuning, LoRA and QLoRA side by side for the sidebar's model and scenario, when
+    the user ticks the box (`key`: the page's own; the choice itself is kept across pages):
+    their first estimates probe the model's step. None while unticked."""
+    wanted = st.checkbox("Compare full fine-tuning, LoRA and QLoRA", key=key,
+                         value=bool(st.session_state.get(COMPARE_METHODS, False)),
+                         help="The sidebar's scenario three ways, with its LoRA settings. A model's first LoRA "
+                              "and QLoRA plans probe its training step: seconds to a minute each.")
+    st.session_state[COMPARE_METHODS] = wanted
+    if not wanted:
+        return None
+    with probe_status(context.name):  # every refusal is caught per method: it is that row's text
+        return compare_methods(context.shape, context.base_values, context.lora_settings, records, context.config)
 
 
 def model_caption(shape: ModelShape, parallel: ParallelPlan | None = None) -> str:

@@ -12,7 +12,7 @@ from planner.fit import fit_limits
 from planner.units import format_bytes
 from planner.verdict import tensor_budget_bytes
 from views.breakdown import breakdown_table, verdict_for, verdict_table
-from views.comparison import batch_sizes_for_chart, memory_vs_batch
+from views.comparison import adapter_summary, batch_sizes_for_chart, memory_vs_batch
 from views.figures import memory_vs_batch_figure, phase_breakdown_figure
 from views.inputs import preset_gpu, total_capacity_bytes
 
@@ -42,6 +42,16 @@ def render() -> None:
                                f"allocator; the margin also counts torch's {format_bytes(verdict.allocator_blocks_bytes)} "
                                "of cuBLAS workspaces.")
     margin_column.metric("Margin", f"{verdict.margin_gib:+,.2f} GiB")
+    method = adapter_summary(result)
+    if method is not None:
+        trainable_column, frozen_column = st.columns(2)
+        trainable_column.metric("Trainable parameters", f"{method.trainable_parameters:,}",
+                                help=f"{method.trainable_percent:.3f}% of the model's {method.base_parameters:,} "
+                                     "parameters, as PEFT counts them (get_nb_trainable_parameters).")
+        frozen_column.metric("Frozen weights", format_bytes(method.frozen_weight_bytes),
+                             help=f"{method.frozen_weight_bytes:,} bytes of the frozen base" +
+                                  (" (4-bit, with its quantisation constants)" if method.quantized else "") + ".")
+        st.caption(f"Fine-tuning: {method.settings}.")
     if context.per_device is None:
         st.markdown(f"The peak is in the **{result.peak_phase.value}** phase: {result.peak_reason}.")
     else:
@@ -106,7 +116,8 @@ def render() -> None:
                     key="batch_chart")
     one_device = (" on one GPU holding a full replica (the sidebar's strategy is not applied here)"
                   if parallel.distributed else "")
-    st.caption(f"Each technique starts from AdamW fp32 without checkpointing or accumulation{one_device}; "
+    st.caption(f"Each technique starts from AdamW fp32 with full fine-tuning, without checkpointing or "
+               f"accumulation{one_device}; "
                "accumulation lines split the batch into up to 4 micro-batches. The star is your plan as the sidebar "
                "sets it. Details on the Techniques page.")
 

@@ -8,6 +8,9 @@ were dropped and why) rather than breaking the page. The uploaded config travels
 content hash (`config_hash`, 64 hex digits, nothing else accepted, so a link cannot name a
 file): on the machine that stored it the link restores it (runners.config_store); elsewhere
 the page says it is not stored there. A hub model travels as its id (`hub_model_id`).
+The fine-tuning method travels under planner.finetune.FINETUNE_KEYS (the CLI's and `planner
+batch`'s names): LoRA's settings only with LoRA or QLoRA, QLoRA's only with QLoRA; LoRA
+alpha is absent while it follows the rank (2 x r).
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ from collections.abc import Mapping
 
 from planner.catalog import catalog_entries
 from planner.config_source import is_hub_model_id
+from planner.errors import PlannerInputError
+from planner.finetune import ALL_LINEAR, QUANT_TYPES, Method, parse_targets
 from planner.scenario import Attention, Device, Task
 from runners.config_store import is_config_hash
 from views.inputs import (
     DEFAULTS,
+    FINETUNE_LABELS,
     GPU_PRESETS,
     MAXIMA,
     MODEL_SOURCE_LABELS,
@@ -38,8 +44,13 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "device": tuple(d.value for d in Device),
     "gpu_preset": tuple(GPU_PRESETS),
     "strategy": tuple(STRATEGY_LABELS),
+    "finetune": tuple(FINETUNE_LABELS),
+    "quant_type": QUANT_TYPES,
 }
-_POSITIVE_INTS = ("num_labels", "batch_size", "seq_len", "grad_accum", "gpu_count")
+_POSITIVE_INTS = ("num_labels", "batch_size", "seq_len", "grad_accum", "gpu_count", "lora_r")
+_LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")
+_QLORA_KEYS = ("quant_type", "double_quant")
+_MAX_TARGETS_CHARS = 500
 _MIN_GIB = 0.01  # the GPU capacity widget's own minimum
 # ASCII digits only ("²".isdigit() is true) and short enough for int() (4,300 digits at most).
 _WHOLE_NUMBER = re.compile(r"\+?[0-9]{1,30}")
@@ -51,6 +62,10 @@ def encode(values: Mapping[str, object]) -> dict[str, str]:
     # A stored upload's hash and a hub id belong to their own source only.
     source = values.get("model_source", DEFAULTS["model_source"])
     unused = {"config_hash": source != "upload", "hub_model_id": source != "hub"}
+    # LoRA's settings belong to LoRA and QLoRA, QLoRA's to QLoRA only.
+    method = values.get("finetune", DEFAULTS["finetune"])
+    unused |= {key: method == Method.FULL.value for key in _LORA_KEYS}
+    unused |= {key: method != Method.QLORA.value for key in _QLORA_KEYS}
     for key, default in DEFAULTS.items():
         value = values.get(key, default)
         if value == default or unused.get(key, False):
@@ -99,6 +114,12 @@ def _expected(key: str) -> str:
         return "64 hexadecimal digits (a stored upload's SHA-256)"
     if key == "hub_model_id":
         return "a hub model id like owner/name"
+    if key == "lora_alpha":
+        return "a positive number (absent: 2 x the rank)"
+    if key == "lora_dropout":
+        return "a probability from 0 to below 1"
+    if key == "lora_targets":
+        return f"{ALL_LINEAR} or comma-separated module names"
     if key in _CHOICES:
         return "one of " + ", ".join(_CHOICES[key])
     if isinstance(DEFAULTS[key], bool):
@@ -118,6 +139,22 @@ def _parse(key: str, text: str) -> object | None:
         return text if is_hub_model_id(text) else None
     if key in _CHOICES:
         return text if text in _CHOICES[key] else None
+    if key in ("lora_alpha", "lora_dropout"):
+        try:
+            number = float(text[:40])
+        except ValueError:
+            return None
+        # The planner's own bounds (planner.finetune); both comparisons are false for NaN.
+        ok = 0 < number < float("inf") if key == "lora_alpha" else 0 <= number < 1
+        return number if ok else None
+    if key == "lora_targets":
+        if len(text) > _MAX_TARGETS_CHARS:
+            return None
+        try:
+            parse_targets(text)
+        except PlannerInputError:
+            return None
+        return text
     if isinstance(default, bool):
         return {"true": True, "false": False, "1": True, "0": False}.get(text.lower())
     if key in _POSITIVE_INTS:

@@ -1,12 +1,13 @@
-"""The Report page: the current plan, its technique comparison and this model's
-verification runs, downloaded as self-contained HTML, Markdown, CSV or JSON.
+"""The Report page: the current plan (its fine-tuning method included), its technique
+comparison, full / LoRA / QLoRA side by side when ticked, and this model's verification
+runs, downloaded as self-contained HTML, Markdown, CSV or JSON.
 
 Layout only: reporting.build_report computes, reporting.render_report writes.
 """
 
 import streamlit as st
 
-from app_pages.page_context import start_page
+from app_pages.page_context import method_comparison, start_page
 from planner.errors import PlannerInputError
 from planner.units import format_bytes
 from reporting import build_report, render_report
@@ -30,11 +31,12 @@ def render() -> None:
     records, problem = recent_runs(limit=1000, model=context.name)
     if problem:
         st.warning(problem, icon=":material/warning:")
+    methods = method_comparison(context, records, key="report_compare_methods")
     try:
-        report = build_report(context.shape, context.base_values, context.capacity_bytes, context.values.gpu_preset,
+        report = build_report(context.shape, context.plan_values, context.capacity_bytes, context.values.gpu_preset,
                               context.values.gpu_count, records, context.config, strategy=context.parallel.strategy,
                               gpu=preset_gpu(context.values),
-                              search_adapters=st.session_state.get("fit_search_adapters", True))
+                              search_adapters=st.session_state.get("fit_search_adapters", True), methods=methods)
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")
         return

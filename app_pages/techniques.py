@@ -1,14 +1,16 @@
 """The Techniques page: the lessons' memory-saving techniques on the chosen model and batch,
 estimated side by side (and measured, where the run history holds a run of exactly that
-scenario), with the saving against the AdamW fp32 baseline and what each costs.
+scenario), with the saving against the AdamW fp32 baseline and what each costs; then, when
+asked, full fine-tuning, LoRA and QLoRA on the sidebar's own scenario, side by side.
 
 Layout only: rows come from views.comparison, figures from views.figures.
 """
 
 import streamlit as st
 
-from app_pages.page_context import start_page
-from views.comparison import accumulation_note, compare_techniques, comparison_table
+from app_pages.page_context import method_comparison, start_page
+from views.comparison import accumulation_note, compare_techniques, comparison_table, method_table
+from views.escaping import markdown_text
 from views.figures import technique_bars_figure
 from views.history_access import recent_runs
 
@@ -22,7 +24,8 @@ def render() -> None:
         f"Each row starts from the sidebar's batch of **{scenario.batch_size}** × **{scenario.seq_len:,}** tokens "
         f"({scenario.task.value}, {scenario.attention.value} attention, {scenario.device.value}) with AdamW in fp32, "
         "no checkpointing and no accumulation, and changes only what the technique names. The sidebar's optimizer, "
-        "precision, checkpointing and accumulation are not used here."
+        "precision, checkpointing, accumulation and fine-tuning method are not used here (every row fine-tunes "
+        "in full; LoRA and QLoRA are compared below)."
         + (f" Each row is one GPU holding a full replica: the sidebar's {context.parallel.strategy.value} on "
            f"{context.parallel.num_devices} GPUs is shown on Plan and Multiple GPUs." if context.parallel.distributed
            else "")
@@ -70,6 +73,46 @@ def render() -> None:
         "recomputes each block's forward during backward (≈ one extra forward, ≈ +33% compute); accumulation "
         "takes k smaller micro-batches per optimizer step; Adafactor and 8-bit Adam approximate Adam's statistics."
     )
+
+    st.subheader("Full fine-tuning, LoRA and QLoRA")
+    st.markdown(
+        f"The sidebar's own scenario ({context.scenario.optimizer.value}, {context.scenario.precision.value}, "
+        f"batch {scenario.batch_size} × {scenario.grad_accum_steps} accumulation) three ways: every parameter "
+        "trained, LoRA adapters on a frozen base, and the same on a 4-bit base, with the sidebar's LoRA settings.")
+    methods = method_comparison(context, records, key="techniques_compare_methods")
+    if methods is not None:
+        # Twelve columns in the page's width (TABLE_WIDTH_PX in the tests): the formatted peak
+        # (or the refusal) and the measured bytes stand for their pairs, full text on hover.
+        byte_column = {"format": "localized", "width": 80}
+        st.dataframe(
+            method_table(methods, context.capacity_bytes), hide_index=True, key="methods_table",
+            column_order=("method", "settings", "weights (bytes)", "gradients (bytes)", "optimizer state (bytes)",
+                          "activations (bytes)", "peak (bytes)", "peak", "trainable parameters",
+                          "frozen weights (bytes)", "measured peak (bytes)", "measured by"),
+            column_config={
+                "method": st.column_config.TextColumn("method", width=85),
+                "settings": st.column_config.TextColumn("settings", width=100),
+                "weights (bytes)": st.column_config.NumberColumn("weights", **byte_column),
+                "gradients (bytes)": st.column_config.NumberColumn("gradients", **byte_column),
+                "optimizer state (bytes)": st.column_config.NumberColumn("opt. state", **byte_column,
+                                                                         help="optimizer state (bytes)"),
+                "activations (bytes)": st.column_config.NumberColumn("activations", **byte_column,
+                                                                     help="saved by one micro-batch's forward"),
+                "peak (bytes)": st.column_config.NumberColumn("peak bytes", **byte_column),
+                "peak": st.column_config.TextColumn("peak", width=70, help="estimated peak, or why it is refused"),
+                "trainable parameters": st.column_config.NumberColumn("trainable", format="localized", width=80,
+                                                                      help="trainable parameters"),
+                "frozen weights (bytes)": st.column_config.NumberColumn("frozen", **byte_column,
+                                                                        help="frozen weights (bytes)"),
+                "measured peak (bytes)": st.column_config.NumberColumn("measured", **byte_column,
+                                                                       help="measured peak (bytes); empty: no run"),
+                "measured by": st.column_config.TextColumn("by", width=40, help="measurement mode of the run"),
+            })
+        for row in methods:
+            if row.error is not None:
+                st.caption(f"{row.method.value}: {markdown_text(row.error)}")
+        st.caption("Bytes are the estimate's totals by category (the Plan page shows them at the peak). Measured: "
+                   "a finished run of exactly that plan in the run history, LoRA settings included.")
 
 
 render()

@@ -53,9 +53,10 @@ def _submit(context, mode: str, steps: int, every_technique: bool) -> None:
         if every_technique:
             requests = technique_requests(context.config, context.name, context.base_values, mode, steps)
         else:
-            label = f"plan: {context.name} b{context.scenario.batch_size}×{context.scenario.seq_len}"
-            requests = [(label, plan_request(context.config, context.name, context.base_values,
-                                                              mode, steps))]
+            method = context.scenario.finetune
+            lora = f" {method.method.value} r{method.lora_r}" if method.uses_adapters else ""
+            label = f"plan: {context.name} b{context.scenario.batch_size}×{context.scenario.seq_len}{lora}"
+            requests = [(label, plan_request(context.config, context.name, context.plan_values, mode, steps))]
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")
         return

@@ -13,7 +13,6 @@ import streamlit as st
 from app_pages.fit_view import (
     TARGET_LABELS,
     TargetKind,
-    appliable,
     gpu_for,
     option_label,
     plan_state,
@@ -132,17 +131,13 @@ def render() -> None:
     # The labels themselves are the choices (not their positions): after a sidebar change
     # re-ranks the plans, a remembered label that no longer names an option resets the box
     # to the new first plan, in the browser too, so the box shows what Apply applies.
-    by_label = {option_label(rank, option): option for rank, option in enumerate(result.options, 1)
-                if appliable(option)}
+    by_label = {option_label(rank, option): option for rank, option in enumerate(result.options, 1)}
     if by_label:
         chosen = by_label[st.selectbox("Plan to apply", list(by_label), key="fit_choice")]
         risks = risks_text(chosen.risks)
         st.caption(f"Changes to your plan: {changes_text(chosen.changes)}" + (f". Risks: {risks}" if risks else ""))
         st.button("Apply this plan", type="primary", key="fit_apply", on_click=_apply,
                   args=(plan_state(chosen),))
-    if len(by_label) < len(result.options):
-        st.caption("LoRA plans cannot be applied here yet (the sidebar has no fine-tuning method): plan one with "
-                   "`python -m planner estimate --finetune lora`.")
     _captions(result)
     st.caption(f"Largest batches are the planner's: a measured peak may differ by up to {FIT_ERROR_MARGIN:.0%}; "
                "confirm one with a verification run on the Verify page.")

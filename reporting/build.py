@@ -24,6 +24,7 @@ import pandas as pd
 
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
+from planner.finetune import FINETUNE_KEYS
 from planner.fit import FitLimits, fit_limits
 from planner.gpus import GPUS, GpuSpec, capacity_bytes_from_gib
 from planner.model_shape import ModelShape
@@ -48,12 +49,17 @@ from reporting.multi_gpu import (
 )
 from views.breakdown import breakdown_table, verdict_for
 from views.comparison import (
+    METHOD_LABELS,
+    MethodRow,
     TechniqueRow,
     accumulation_note,
+    adapter_summary,
     batch_sizes_for_chart,
     compare_techniques,
     comparison_table,
+    finetune_text,
     memory_vs_batch,
+    method_table,
     saving_pct,
 )
 from views.escaping import csv_cell, markdown_text
@@ -67,7 +73,7 @@ from views.verify_results import history_table, scatter_points
 
 FORMATS = ("html", "md", "csv", "json")
 SCENARIO_KEYS = ("task", "num_labels", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
-                 "grad_accum", "attn", "device", "engine")
+                 "grad_accum", "attn", "device", "engine", *FINETUNE_KEYS)
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,7 @@ class Report:
     per_device: ParallelEstimate | None = None  # one GPU's share under the plan's strategy; None with one GPU
     gpu: GpuSpec | None = None  # the preset's GPU (its CUDA overheads); None for a size only
     parallel: ParallelPlan = ParallelPlan()
+    methods: list[MethodRow] | None = None  # full, LoRA and QLoRA side by side, when computed
 
     @property
     def verdict(self) -> DeviceVerdict:
@@ -109,14 +116,17 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
                  gpu_count: int = 1, records: Iterable = (), config: dict | None = None,
                  run_steps: int = DEFAULT_RUN_STEPS, local_sgd_steps: int | None = None,
                  strategy: Strategy = Strategy.DDP, gpu: GpuSpec | None = None,
-                 search_adapters: bool = True) -> Report:
+                 search_adapters: bool = True, methods: list[MethodRow] | None = None) -> Report:
     """Everything a report shows, computed once. `records`: RunRecords (newest first) whose
     runs of this model are listed and matched to the techniques. With `gpu_count` > 1 the
     plan is per GPU under `strategy`, and the Multiple GPUs section compares the strategies,
     and local SGD over `run_steps` optimizer steps (its K values with `local_sgd_steps` added).
     `search_adapters`: What fits searches LoRA and QLoRA plans too (their first search probes
-    the model's step)."""
+    the model's step). `values` may name a fine-tuning method (FINETUNE_KEYS): the plan is
+    planned with it, the technique rows and the chart fine-tune in full as on the Techniques
+    page. `methods`: views.comparison.compare_methods' rows, shown when given."""
     values = {k: v for k, v in values.items() if k in SCENARIO_KEYS}
+    full = {k: v for k, v in values.items() if k not in FINETUNE_KEYS}
     scenario = scenario_from_values(**values)
     result = estimate(shape, scenario)
     records = [r for r in records if r.model_name == shape.name]
@@ -135,13 +145,13 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
         generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
         shape=shape, values=dict(values), estimate=result, capacity_bytes=capacity_bytes, gpu_label=gpu_label,
         gpu_count=gpu_count, limits=limits,
-        techniques=compare_techniques(shape, values, records, config),
+        techniques=compare_techniques(shape, full, records, config),
         runs=history_table(records),
-        batch_series=memory_vs_batch(shape, values, batch_sizes_for_chart(limits.batch_size)),
+        batch_series=memory_vs_batch(shape, full, batch_sizes_for_chart(limits.batch_size)),
         fits=fits, fits_nearest=nearest, fits_left_out=left_out,
         multi_gpu=multi_gpu_section(shape, scenario, result, gpu_count, capacity_bytes, records, config,
                                     run_steps, local_sgd_steps),
-        per_device=per_device, gpu=gpu, parallel=parallel,
+        per_device=per_device, gpu=gpu, parallel=parallel, methods=methods,
     )
 
 
@@ -199,6 +209,13 @@ def to_json(report: Report) -> str:
         "what_fits_left_out": list(report.fits_left_out),
         "runs": json.loads(report.runs.to_json(orient="records")),
     }
+    if report.methods is not None:
+        data["methods"] = [{
+            "method": r.method.value, "label": METHOD_LABELS[r.method], "scenario": r.values, "error": r.error,
+            "estimate": None if r.estimate is None else r.estimate.to_json(),
+            "measured_peak_bytes": r.measured_peak_bytes, "measured_mode": r.measured_mode,
+            "measured_run_id": r.measured_run_id,
+        } for r in report.methods]
     if report.multi_gpu is not None:
         data["multi_gpu"] = section_json(report.multi_gpu)
     return json.dumps(data, indent=2)
@@ -211,6 +228,15 @@ def _plan_table(report: Report) -> pd.DataFrame:
 
 def _technique_table(report: Report) -> pd.DataFrame:
     return comparison_table(report.techniques, report.capacity_bytes)
+
+
+METHODS_HEADING = "Full fine-tuning, LoRA and QLoRA"
+METHODS_INTRO = ("The plan's scenario three ways, with its LoRA settings: the estimate's totals by category; "
+                 "a method the planner refuses shows why in place of numbers.")
+
+
+def _method_table(report: Report) -> pd.DataFrame:
+    return method_table(report.methods, report.capacity_bytes)
 
 
 def _accumulation_note(report: Report) -> str | None:
@@ -226,6 +252,8 @@ def _summary_lines(report: Report) -> list[str]:
         (f"Scenario: {s.task.value}, batch {s.batch_size} × {s.seq_len:,} tokens, {s.optimizer.value}, "
          f"{s.precision.value}, checkpointing {'on' if report.values.get('gradient_checkpointing') else 'off'}, "
          f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}"),
+        f"Fine-tuning: {finetune_text(s.finetune)}",
+        *_adapter_lines(report.estimate),
         f"GPU: {report.gpu_label} × {report.gpu_count} ({format_bytes(report.capacity_bytes)} each; "
         + (f"{report.per_device.plan.strategy.value}, " if report.per_device is not None else "")
         + "the plan is per GPU)",
@@ -238,6 +266,16 @@ def _summary_lines(report: Report) -> list[str]:
         + (" (the model's positions)" if limits.seq_len_capped_by_positions else ""),
     ]
     return lines + [f"Note: {note}" for note in report.estimate.notes]
+
+
+def _adapter_lines(result: Estimate) -> list[str]:
+    """With LoRA or QLoRA: how much trains and what the frozen base weighs."""
+    summary = adapter_summary(result)
+    if summary is None:
+        return []
+    return [f"Trainable parameters: {summary.trainable_parameters:,} ({summary.trainable_percent:.3f}% of the "
+            f"model's {summary.base_parameters:,}); frozen weights: {format_bytes(summary.frozen_weight_bytes)} "
+            f"({summary.frozen_weight_bytes:,} bytes)"]
 
 
 def _overhead_lines(verdict: DeviceVerdict) -> list[str]:
@@ -281,6 +319,8 @@ def to_markdown(report: Report) -> str:
     parts += ["", "## Live at the peak", "", _md_table(_plan_table(report)),
               "", "## Techniques", "", _md_table(_technique_table(report)),
               *(["", _md_cell(note)] if (note := _accumulation_note(report)) else []),
+              *(["", f"## {METHODS_HEADING}", "", METHODS_INTRO, "", _md_table(_method_table(report))]
+                if report.methods is not None else []),
               "", f"## {WHAT_FITS_HEADING}", "", *_md_what_fits(report), ""]
     if report.multi_gpu is not None:
         parts += _md_multi_gpu(report)
@@ -329,6 +369,8 @@ def _md_multi_gpu(report: Report) -> list[str]:
 def to_csv(report: Report) -> str:
     """One table, a `section` column telling the plan's rows, the techniques' and the runs' apart."""
     sections = [_plan_table(report).assign(section="plan"), _technique_table(report).assign(section="techniques")]
+    if report.methods is not None:
+        sections.append(_method_table(report).assign(section="methods"))
     if not report.fits.empty:
         sections.append(report.fits.assign(section="what fits"))
     if not report.fits_nearest.empty:
@@ -381,6 +423,8 @@ def to_html(report: Report) -> str:
         _html_table(_technique_table(report)),
         *([f"<p class='muted'>{e(note)}</p>"] if (note := _accumulation_note(report)) else []),
         charts[2],
+        *([f"<h2>{e(METHODS_HEADING)}</h2>", f"<p class='muted'>{e(METHODS_INTRO)}</p>",
+           _html_table(_method_table(report))] if report.methods is not None else []),
         f"<h2>{e(WHAT_FITS_HEADING)}</h2>",
         (_html_table(report.fits) if not report.fits.empty
          else f"<p>{e(NOTHING_FITS)} {e(NEAREST_INTRO)}</p>" + _html_table(report.fits_nearest)

@@ -40,9 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _write(args: argparse.Namespace) -> int:
-    if args.finetune != Method.FULL.value:
-        raise PlannerInputError("reports compare full fine-tuning techniques only so far: "
-                                "plan LoRA with `python -m planner estimate --finetune lora`")
+    if args.finetune != Method.FULL.value and args.gpu_count not in (None, "1"):
+        raise PlannerInputError(f"{args.finetune} across several GPUs is not planned yet: drop --gpu-count")
     print(write_report(vars(args), args.out))
     return 0
 

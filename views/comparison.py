@@ -17,6 +17,7 @@ import pandas as pd
 
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
+from planner.finetune import FINETUNE_KEYS, FineTune, Method
 from planner.model_shape import ModelShape
 from planner.scenario import scenario_from_values
 from planner.units import format_bytes
@@ -102,11 +103,31 @@ def technique_estimate(shape: ModelShape, base: Mapping[str, object], technique:
     return estimate(shape, scenario_from_values(**technique_values(base, technique)))
 
 
+def finetune_of(values: Mapping[str, object]) -> FineTune | None:
+    """The fine-tuning method scenario values name (FINETUNE_KEYS; absent: full fine-tuning, as
+    the run history keeps full runs), with only the settings that method reads and alpha
+    resolved, so equal methods compare equal; None when they do not parse."""
+    given = {k: values[k] for k in FINETUNE_KEYS if values.get(k) is not None}
+    try:
+        method = scenario_from_values(task="causal-lm", batch_size=1, seq_len=1, **given).finetune
+    except PlannerInputError:
+        return None
+    if method.method is Method.FULL:
+        return FineTune()
+    default = FineTune()
+    quantised = method.method is Method.QLORA
+    return FineTune(method.method, method.lora_r, method.alpha, method.lora_dropout, method.lora_targets,
+                    method.quant_type if quantised else default.quant_type,
+                    method.double_quant if quantised else default.double_quant)
+
+
 def matching_run(records: Iterable, model_name: str, config: dict | None, values: Mapping[str, object]):
     """The newest finished-ok run (RunRecord, newest first in `records`) of this model and
-    exactly these scenario values; None without one. `config` None: match on the name alone."""
+    exactly these scenario values, fine-tuning method included; None without one. `config`
+    None: match on the name alone."""
     wanted = {k: values.get(k) for k in MATCH_KEYS}
     wanted["engine"] = wanted["engine"] or "accelerate"
+    wanted_method = finetune_of(values)
     for record in records:
         if record.status.value != "ok" or record.model_name != model_name or not record.measurement:
             continue
@@ -115,7 +136,7 @@ def matching_run(records: Iterable, model_name: str, config: dict | None, values
         scenario = record.scenario
         got = {k: scenario.get(k) for k in MATCH_KEYS}
         got["engine"] = got["engine"] or "accelerate"
-        if _same(got, wanted):
+        if _same(got, wanted) and finetune_of(scenario) == wanted_method:
             return record
     return None
 
@@ -191,6 +212,131 @@ def comparison_table(rows: list[TechniqueRow], capacity_bytes: int | None = None
     if capacity_bytes is not None:
         table.insert(4, "fits", [None if r.peak_bytes is None else r.peak_bytes <= capacity_bytes for r in rows])
     return table
+
+
+# --- full fine-tuning, LoRA and QLoRA side by side ------------------------------------------
+
+METHOD_LABELS = {Method.FULL: "Full fine-tuning", Method.LORA: "LoRA", Method.QLORA: "QLoRA"}
+LORA_SETTING_KEYS = tuple(k for k in FINETUNE_KEYS if k != "finetune")
+
+
+def finetune_text(method: FineTune) -> str:
+    """The method and the settings it reads, as one line: `LoRA r 16, alpha 32, ...`."""
+    if not method.uses_adapters:
+        return "full fine-tuning (every parameter trains)"
+    text = (f"{METHOD_LABELS[method.method]} r {method.lora_r}, alpha {method.alpha:g}, dropout "
+            f"{method.lora_dropout:g}, targets {method.targets_text}")
+    if method.method is Method.QLORA:
+        text += f", 4-bit {method.quant_type}, double quantisation {'on' if method.double_quant else 'off'}"
+    return text
+
+
+@dataclass(frozen=True)
+class AdapterSummary:
+    """What LoRA changes in a plan: how much trains, and what the frozen base weighs."""
+
+    trainable_parameters: int
+    base_parameters: int  # the model's own, without adapters
+    frozen_weight_bytes: int
+    quantized: bool
+    settings: str
+
+    @property
+    def trainable_percent(self) -> float:
+        return 100.0 * self.trainable_parameters / self.base_parameters if self.base_parameters else 0.0
+
+
+def adapter_summary(result: Estimate) -> AdapterSummary | None:
+    """The LoRA / QLoRA figures of an estimate; None for full fine-tuning."""
+    method = result.scenario.finetune
+    if not method.uses_adapters or result.trainable_parameters is None:
+        return None
+    return AdapterSummary(result.trainable_parameters, result.num_parameters, result.frozen_weight_bytes,
+                          method.method is Method.QLORA, finetune_text(method))
+
+
+@dataclass(frozen=True)
+class MethodRow:
+    method: Method
+    values: dict  # scenario values, FINETUNE_KEYS included
+    estimate: Estimate | None
+    error: str | None  # the estimate's refusal, one line
+    measured_peak_bytes: int | None
+    measured_mode: str | None
+    measured_run_id: str | None
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return None if self.estimate is None else self.estimate.peak_bytes
+
+
+def method_values(base: Mapping[str, object], settings: Mapping[str, object], method: Method) -> dict:
+    """The sidebar's scenario (`base`) fine-tuned by `method`, with the sidebar's LoRA settings
+    (`settings`: LORA_SETTING_KEYS) for LoRA and QLoRA."""
+    values = {k: v for k, v in base.items() if k not in FINETUNE_KEYS} | {"finetune": method.value}
+    if method is not Method.FULL:
+        values |= {k: settings[k] for k in LORA_SETTING_KEYS if k in settings}
+    return values
+
+
+def compare_methods(shape: ModelShape, base: Mapping[str, object], settings: Mapping[str, object],
+                    records: Iterable = (), config: dict | None = None) -> list[MethodRow]:
+    """Full fine-tuning, LoRA and QLoRA on the same model and scenario, each with its
+    estimate or its one-line refusal, and the measured peak of a finished run of exactly
+    that plan in `records`. LoRA and QLoRA estimates probe the model's step the first time
+    (seconds to a minute each, planner.probe.cache): callers ask for them deliberately."""
+    records = list(records)
+    rows = []
+    for method in Method:
+        values = method_values(base, settings, method)
+        try:
+            result, error = estimate(shape, scenario_from_values(**values)), None
+        except PlannerInputError as problem:
+            result, error = None, str(problem)
+        run = matching_run(records, shape.name, config, values)
+        rows.append(MethodRow(method, values, result, error,
+                              None if run is None else run.measurement.get("peak_bytes"),
+                              None if run is None else run.mode.value, None if run is None else run.id))
+    return rows
+
+
+def method_table(rows: list[MethodRow], capacity_bytes: int | None = None) -> pd.DataFrame:
+    """One row per method: the estimate's totals by category (raw bytes; the peak formatted
+    beside it), trainable parameters and frozen weights, the measured peak; a refused method
+    shows its refusal in place of numbers."""
+    def of(row: MethodRow, field_name: str) -> int | None:
+        return None if row.estimate is None else getattr(row.estimate, field_name)
+
+    def trainable(row: MethodRow) -> int | None:
+        if row.estimate is None:
+            return None
+        return row.estimate.num_parameters if row.estimate.trainable_parameters is None \
+            else row.estimate.trainable_parameters
+
+    table = pd.DataFrame({
+        "method": [METHOD_LABELS[r.method] for r in rows],
+        "settings": [_settings_text(r.values) for r in rows],
+        "weights (bytes)": pd.array([of(r, "weights_bytes") for r in rows], dtype="Int64"),
+        "gradients (bytes)": pd.array([of(r, "gradients_bytes") for r in rows], dtype="Int64"),
+        "optimizer state (bytes)": pd.array([of(r, "optimizer_state_bytes") for r in rows], dtype="Int64"),
+        "activations (bytes)": pd.array([of(r, "activations_bytes") for r in rows], dtype="Int64"),
+        "peak (bytes)": pd.array([r.peak_bytes for r in rows], dtype="Int64"),
+        "peak": [format_bytes(r.peak_bytes) if r.error is None else r.error for r in rows],
+        "trainable parameters": pd.array([trainable(r) for r in rows], dtype="Int64"),
+        "frozen weights (bytes)": pd.array([of(r, "frozen_weight_bytes") for r in rows], dtype="Int64"),
+        "measured peak (bytes)": pd.array([r.measured_peak_bytes for r in rows], dtype="Int64"),
+        "measured peak": [format_bytes(r.measured_peak_bytes) if r.measured_peak_bytes is not None else "no run"
+                          for r in rows],
+        "measured by": [r.measured_mode or "" for r in rows],
+    })
+    if capacity_bytes is not None:
+        table.insert(8, "fits", [None if r.peak_bytes is None else r.peak_bytes <= capacity_bytes for r in rows])
+    return table
+
+
+def _settings_text(values: Mapping[str, object]) -> str:
+    method = finetune_of(values)
+    return "" if method is None else finetune_text(method)
 
 
 # Batch sizes for the memory-vs-batch chart: powers of two from 1.

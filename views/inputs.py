@@ -15,6 +15,7 @@ from planner.catalog import catalog_config, catalog_entries
 from planner.config_source import config_from_bytes, config_model_name, is_hub_model_id
 from planner.config_task import config_task
 from planner.errors import PlannerInputError
+from planner.finetune import ALL_LINEAR, FINETUNE_KEYS, QUANT_TYPES, Method
 from planner.gpus import GPUS, MAX_GPU_GIB, GpuSpec, capacity_bytes_from_gib
 from planner.scenario import (
     MAX_BATCH_SIZE,
@@ -72,6 +73,13 @@ STRATEGY_LABELS = {
     Strategy.FSDP_SHARD_GRAD_OP.value: "FSDP shard grad op (parameters sharded, kept after forward)",
     Strategy.FSDP_FULL_SHARD.value: "FSDP full shard (parameters sharded, freed after forward)",
 }
+
+# The fine-tuning method (planner.finetune): its widgets' keys are FINETUNE_KEYS, the CLI's
+# and `planner batch`'s names, so a link carries a plan as the planner reads it.
+FINETUNE_LABELS = {Method.FULL.value: "Full", Method.LORA.value: "LoRA", Method.QLORA.value: "QLoRA"}
+QUANT_TYPE_LABELS = {"nf4": "nf4 (4-bit NormalFloat)", "fp4": "fp4 (4-bit float)"}
+assert tuple(QUANT_TYPE_LABELS) == QUANT_TYPES
+MAX_LORA_R = 1 << 16  # beyond any adapter rank in use; the link's parser bounds it
 
 CUSTOM_GPU = "Custom"
 # Each preset is one planner.gpus row, its capacity that row's: the total the driver reports
@@ -192,6 +200,13 @@ class SidebarValues:
     gpu_custom_gib: float
     gpu_count: int
     strategy: str
+    finetune: str  # planner.finetune.Method's value
+    lora_r: int
+    lora_alpha: float | None  # None: 2 x r, PEFT's examples' choice
+    lora_dropout: float
+    lora_targets: str  # `all-linear` or comma-separated module names
+    quant_type: str
+    double_quant: bool
 
     @classmethod
     def from_state(cls, state: Mapping) -> SidebarValues:
@@ -224,7 +239,16 @@ DEFAULTS: dict[str, object] = {
     "gpu_custom_gib": 16.0,
     "gpu_count": 1,
     "strategy": Strategy.DDP.value,
+    # planner.finetune.FineTune()'s defaults
+    "finetune": Method.FULL.value,
+    "lora_r": 16,
+    "lora_alpha": None,
+    "lora_dropout": 0.05,
+    "lora_targets": ALL_LINEAR,
+    "quant_type": "nf4",
+    "double_quant": True,
 }
+assert set(FINETUNE_KEYS) <= set(DEFAULTS)
 
 
 def model_config(values: SidebarValues, hub_config: Callable[[str], dict] | None = None) -> tuple[dict, str] | None:
@@ -263,13 +287,32 @@ def scenario_for(values: SidebarValues) -> Scenario:
         attn=values.attn,
         device=values.device,
         num_labels=values.num_labels,
+        **finetune_values(values),
     )
+
+
+def finetune_values(values: SidebarValues) -> dict:
+    """The sidebar's fine-tuning method as planner.scenario.scenario_from_values takes it
+    (FINETUNE_KEYS; the LoRA settings only with adapters, QLoRA's only with QLoRA)."""
+    chosen = {"finetune": values.finetune}
+    if values.finetune in (Method.LORA.value, Method.QLORA.value):
+        chosen.update(lora_r=values.lora_r, lora_alpha=values.lora_alpha, lora_dropout=values.lora_dropout,
+                      lora_targets=values.lora_targets)
+    if values.finetune == Method.QLORA.value:
+        chosen.update(quant_type=values.quant_type, double_quant=values.double_quant)
+    return chosen
+
+
+def lora_settings(values: SidebarValues) -> dict:
+    """The sidebar's LoRA and QLoRA settings whatever its method (FINETUNE_KEYS less the
+    method), for comparing full fine-tuning, LoRA and QLoRA side by side."""
+    return {key: getattr(values, key) for key in FINETUNE_KEYS if key != "finetune"}
 
 
 # The planner's own bounds, as the widgets' max_value and the link's parser read them.
 MAXIMA: dict[str, int | float] = {"num_labels": MAX_NUM_LABELS, "batch_size": MAX_BATCH_SIZE, "seq_len": MAX_SEQ_LEN,
                                   "grad_accum": MAX_GRAD_ACCUM, "gpu_count": MAX_DEVICES,
-                                  "gpu_custom_gib": MAX_GPU_GIB}
+                                  "gpu_custom_gib": MAX_GPU_GIB, "lora_r": MAX_LORA_R}
 
 
 def capacity_bytes(values: SidebarValues) -> int:
