@@ -16,6 +16,7 @@ Run: PLANNER_DATA_DIR=$(mktemp -d) python benchmarks/lora_accuracy.py [--only SU
 from __future__ import annotations
 
 import argparse
+import csv
 import statistics
 import sys
 from pathlib import Path
@@ -79,6 +80,18 @@ SCENARIOS = [
 ]
 
 
+# Measured here, not yet mended (the probe's Trainer loop misses it): see table().
+KNOWN_GAP = ("Known gap: with the Trainer engine **and** gradient checkpointing, LoRA and QLoRA peaks are "
+             "underestimated by exactly 2 x batch x seq x hidden x 4 B, two fp32 (b, s, h) tensors (GPT-2 and Pythia "
+             "at 2 x 128: 1,572,864 B; SmolLM2: 1,179,648 B; plus the 16 / 2,064 B offsets that the Trainer rows without checkpointing show too); "
+             "weights, gradients and optimizer state are exact. On a 5-block tiny GPT-2 at 3 x 40 the two are one "
+             "activation and one temporary at the backward peak (+61,440 B each; tests/test_lora.py, the xfail case). "
+             "Full fine-tuning with the Trainer and checkpointing is exact, and so are LoRA with the lessons' loop "
+             "and checkpointing and LoRA with the Trainer without it. Not the cause: the Trainer's second "
+             "`activation_checkpointing_enable` (the gap stays without it), nor the embedding output's "
+             "requires_grad (set in both loops).")
+
+
 def _finetune(values: dict) -> str:
     method = values["finetune"]
     if method == "qlora":
@@ -102,6 +115,19 @@ def row(c: Comparison, mode: Mode) -> dict:
         "estimated_phase": planned.peak_phase.value, "measured_phase": measured["peak_phase"],
         "seconds": round(c.seconds, 1), "method": planned.confidence.value,
     }
+
+
+def read_csv(path: Path) -> list[dict]:
+    """The rows as `row` wrote them: numbers back to numbers."""
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for r in rows:
+        for key, value in r.items():
+            if key.endswith(("_bytes", "_parameters")) or key in ("parameters", "batch", "seq"):
+                r[key] = int(value)
+            elif key in ("error_pct", "seconds"):
+                r[key] = float(value)
+    return rows
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -134,6 +160,8 @@ def table(rows: list[dict]) -> list[str]:
                      f"{r['technique'] or 'adamw, fp32'} | {r['trainable_parameters']:,} | "
                      f"{r['frozen_weight_bytes']:,} | {r['estimated_peak_bytes']:,} | {r['measured_peak_bytes']:,} | "
                      f"{r['error_pct']:+.4f}% | {r['estimated_phase']} / {r['measured_phase']} | {r['method']} |")
+    if any(r["engine"] == "trainer" and "gradient_checkpointing=True" in r["technique"] for r in rows):
+        lines += ["", KNOWN_GAP]
     if over:
         lines += ["", f"Over {BAR_PCT:g}%: " + "; ".join(f"{r['model']} {r['finetune']} ({r['error_pct']:+.2f}%)"
                                                         for r in over) + "."]
@@ -143,7 +171,13 @@ def table(rows: list[dict]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="run the scenarios whose model name contains this text (writes nothing)")
+    parser.add_argument("--table-only", action="store_true",
+                        help="rebuild lora_accuracy.md from the committed lora_accuracy.csv (runs nothing)")
     args = parser.parse_args()
+    if args.table_only:
+        rows = read_csv(RESULTS / "lora_accuracy.csv")
+        (RESULTS / "lora_accuracy.md").write_text("\n".join(table(rows)) + "\n")
+        return
     chosen = [s for s in SCENARIOS if not args.only or args.only in s[0]]
     rows = []
     for index, (model, mode, values) in enumerate(chosen, 1):
