@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.accuracy import LM, CLS, RESULTS, Comparison, _technique, compare, plot, write_csv  # noqa: E402
+from benchmarks.accuracy import CLS, LM, RESULTS, Comparison, _technique, compare, plot, write_csv  # noqa: E402
 from planner.finetune import FINETUNE_KEYS  # noqa: E402
 from runners.request import Mode  # noqa: E402
 
