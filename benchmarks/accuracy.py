@@ -20,14 +20,16 @@ import gc
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from planner.config_source import resolve_config  # noqa: E402
-from planner.estimate import estimate  # noqa: E402
+from planner.estimate import Estimate, estimate  # noqa: E402
 from planner.loading import model_shape_for_config  # noqa: E402
+from planner.model_shape import ModelShape  # noqa: E402
 from planner.scenario import scenario_from_values  # noqa: E402
 from runners.measure import measure_in_process  # noqa: E402
 from runners.request import Engine, Mode  # noqa: E402
@@ -91,12 +93,30 @@ SCENARIOS = [
 ]
 
 
-def _technique(values: dict) -> str:
-    parts = [f"{key}={value}" for key, value in values.items() if key not in ("task", "batch_size", "seq_len")]
+def _technique(values: dict, skip: tuple[str, ...] = ("task", "batch_size", "seq_len")) -> str:
+    parts = [f"{key}={value}" for key, value in values.items() if key not in skip]
     return ", ".join(parts) or "adamw, fp32"
 
 
-def run_one(model: str, mode: Mode, values: dict) -> dict:
+@dataclass(frozen=True)
+class Comparison:
+    """One scenario planned and measured: what both benchmark tables are built from."""
+
+    name: str
+    values: dict  # the scenario values the run was given (device added, engine taken out)
+    engine: Engine
+    shape: ModelShape
+    planned: Estimate
+    measured: dict  # runners.measure's "measured" object
+    seconds: float
+
+    @property
+    def error_pct(self) -> float:
+        peak = self.measured["peak_bytes"]
+        return 100 * (self.planned.peak_bytes - peak) / peak
+
+
+def compare(model: str, mode: Mode, values: dict) -> Comparison:
     config, name = resolve_config(model)
     values = dict(values, device="cpu")
     engine = Engine(values.pop("engine", "accelerate"))
@@ -107,21 +127,33 @@ def run_one(model: str, mode: Mode, values: dict) -> dict:
     measured = measure_in_process(config, name, values, mode, engine=engine)["measured"]
     seconds = time.perf_counter() - started
     gc.collect()
-    peak = measured["peak_bytes"]
+    return Comparison(name, values, engine, shape, planned, measured, seconds)
+
+
+def run_one(model: str, mode: Mode, values: dict) -> dict:
+    c = compare(model, mode, values)
+    planned, measured, scenario = c.planned, c.measured, c.planned.scenario
     return {
-        "model": name, "parameters": shape.num_parameters, "family": shape.family.value, "mode": mode.value,
+        "model": c.name, "parameters": c.shape.num_parameters, "family": c.shape.family.value, "mode": mode.value,
         "task": scenario.task.value, "batch": scenario.batch_size, "seq": scenario.seq_len,
-        "technique": _technique(dict(values, engine=engine.value) if engine is Engine.TRAINER else values),
-        "estimated_peak_bytes": planned.peak_bytes, "measured_peak_bytes": peak,
-        "error_pct": 100 * (planned.peak_bytes - peak) / peak,
+        "technique": _technique(dict(c.values, engine=c.engine.value) if c.engine is Engine.TRAINER else c.values),
+        "estimated_peak_bytes": planned.peak_bytes, "measured_peak_bytes": measured["peak_bytes"],
+        "error_pct": c.error_pct,
         "estimated_phase": planned.peak_phase.value, "measured_phase": measured["peak_phase"],
         "estimated_state_bytes": planned.optimizer_state_bytes,
-        "measured_state_bytes": measured["optimizer_state_bytes"], "seconds": round(seconds, 1),
+        "measured_state_bytes": measured["optimizer_state_bytes"], "seconds": round(c.seconds, 1),
         "method": planned.confidence.value,
     }
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def write_csv(rows: list[dict], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot(rows: list[dict], path: Path, title: str = "Planner vs measured peak") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -145,7 +177,7 @@ def plot(rows: list[dict], path: Path) -> None:
     axis.set_ylim(low, high)
     axis.set_xlabel("measured peak (GiB, MemTracker on CPU / fake tensors)")
     axis.set_ylabel("estimated peak (GiB, planner)")
-    axis.set_title(f"Planner vs measured peak, {len(rows)} scenarios")
+    axis.set_title(f"{title}, {len(rows)} scenarios")
     axis.legend(loc="upper left", fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -164,10 +196,7 @@ def main() -> None:
     if args.only:
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
-    with (RESULTS / "accuracy.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(rows, RESULTS / "accuracy.csv")
     plot(rows, RESULTS / "accuracy.png")
     errors = [abs(r["error_pct"]) for r in rows]
     lines = ["# Planner accuracy: estimated vs measured peak", "",

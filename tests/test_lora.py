@@ -24,12 +24,16 @@ CASES = [
      Mode.SIMULATE),
     # PEFT trains the classifier head in full (modules_to_save), a deep copy of it.
     ("tiny-distilbert", "sequence-classification", {"lora_targets": "q_lin,v_lin"}, Mode.SIMULATE),
+    # Known gap (benchmarks/results/lora_accuracy.md): the Trainer with checkpointing measures two fp32
+    # (b, s, h) tensors more than the probe of its loop records (one activation, one temporary).
+    pytest.param("tiny-gpt2", "causal-lm", {"engine": "trainer", "gradient_checkpointing": True}, Mode.CPU,
+                 marks=pytest.mark.xfail(strict=True, reason="LoRA + Trainer + checkpointing: -2 x b x s x h x 4 B")),
 ]
 
 
 @pytest.mark.parametrize("name,task,overrides,mode", CASES,
                          ids=[f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items()) or 'defaults'}-{m.value}"
-                              for n, _, o, m in CASES])
+                              for n, _, o, m in (c.values if hasattr(c, "values") else c for c in CASES)])
 def test_lora_probe_matches_the_measured_peft_step(name, task, overrides, mode):
     values = {"task": task, "batch_size": 3, "seq_len": 40, "finetune": "lora", "lora_r": 8, **overrides}
     estimated, measured = compare(deep(name, 5), values, mode)
