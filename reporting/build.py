@@ -495,7 +495,8 @@ def report_for_values(values: Mapping[str, object], base_dir: Path | None = None
     """A report from the CLI's scenario values (estimate_from_values' keys, plus optional
     `gpu`: a preset name from views.inputs.GPU_PRESETS or a size in GiB, default the
     first preset; `gpu_count`, default 1; `hub`: allow fetching the config; `run_steps` and
-    `local_sgd_steps` for the Multiple GPUs section's local SGD comparison)."""
+    `local_sgd_steps` for the Multiple GPUs section's local SGD comparison; `search_adapters`,
+    default true: What fits also searches LoRA and QLoRA plans, which probe on first use)."""
     from planner.loading import load_model_shape
     from views.inputs import DEFAULTS, GPU_PRESET_KEYS, GPU_PRESETS
 
@@ -531,7 +532,8 @@ def report_for_values(values: Mapping[str, object], base_dir: Path | None = None
                              allow_hub=bool(values.get("hub")))
     strategy = parse_strategy(values.get("strategy") or Strategy.DDP.value)
     return build_report(shape, scenario_values, capacity, label, count, records, gpu=spec, run_steps=run_steps,
-                        local_sgd_steps=local_sgd, strategy=strategy)
+                        local_sgd_steps=local_sgd, strategy=strategy,
+                        search_adapters=bool(values.get("search_adapters", True)))
 
 
 def write_report(values: Mapping[str, object], out_path: str | Path) -> Path:
