@@ -52,7 +52,6 @@ from typing import Callable
 
 from planner.accuracy import error_pct
 from planner.estimate import Estimate, estimate
-from planner.finetune import Method
 from planner.loading import model_shape_for_config
 from planner.scenario import Device
 from planner.units import GIB, format_bytes
@@ -126,9 +125,6 @@ def _with_device(request: VerifyRequest, mode: Mode) -> VerifyRequest:
 _THIS_MACHINE = object()  # plan_run's default: read this machine's free RAM
 
 
-QLORA_NEEDS_REAL_TENSORS = "QLoRA runs measure real tensors (its 4-bit base is quantised from real weights): use --mode cpu"
-
-
 def plan_run(request: VerifyRequest, *, cuda_available: bool | None = None,
              available_bytes: int | None | object = _THIS_MACHINE) -> RunPlan:
     """Resolve the mode and compute the estimate; nothing runs. `cuda_available` and
@@ -142,10 +138,10 @@ def plan_run(request: VerifyRequest, *, cuda_available: bool | None = None,
         return planned, estimate(shape, planned.parsed_scenario())
 
     mode = request.mode
-    # bitsandbytes quantises real weights as transformers loads them (planner.probe.build.quantized_lora).
-    qlora = scenario.finetune.method is Method.QLORA
+    # QLoRA simulates too: its 4-bit base is built on fake tensors as the real load builds it
+    # (planner.probe.fake_quantized; tests/test_qlora.py measures both alike).
     if mode is Mode.SIMULATE:
-        return RunPlan(*estimate_for(mode), refusal=QLORA_NEEDS_REAL_TENSORS if qlora else None)
+        return RunPlan(*estimate_for(mode), refusal=None)
     if mode in (Mode.AUTO, Mode.CUDA):
         if cuda_available is None:
             cuda_available = cuda_is_available()
@@ -168,8 +164,6 @@ def plan_run(request: VerifyRequest, *, cuda_available: bool | None = None,
             return RunPlan(planned, cpu_estimate, None)
         if request.engine is Engine.TRAINER:  # the Trainer cannot run on fake tensors
             return RunPlan(planned, cpu_estimate, refusal=f"{too_big}, and {SIMULATE_NEEDS_ACCELERATE}")
-        if qlora:
-            return RunPlan(planned, cpu_estimate, refusal=f"{too_big}, and {QLORA_NEEDS_REAL_TENSORS}")
         return RunPlan(*estimate_for(Mode.SIMULATE), refusal=None)
     if fits or available_bytes is None:  # explicit cpu; unknown free RAM: the user's call
         return RunPlan(planned, cpu_estimate, None)

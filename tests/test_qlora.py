@@ -9,7 +9,6 @@ peak (tests/probe_comparison.py); GPT-2's batches are +16 B a token high there a
 fine-tuning (README, "Batch 1 is a technique class of its own")."""
 
 import dataclasses
-import types
 
 import pytest
 from probe_comparison import TOLERANCE, deep, own_probe_cache  # noqa: F401 (the fixture)
@@ -211,20 +210,24 @@ def test_qlora_on_cuda_counts_every_stored_tensor_in_the_allocators_blocks():
     assert estimated.confidence is Confidence.PROBED and any("QLoRA on CUDA" in n for n in estimated.notes)
 
 
-def test_a_simulated_qlora_run_is_refused_in_one_line(monkeypatch):
-    """A 4-bit base is quantised from real weights: `--mode simulate` (and `auto` when a real
-    run would not fit) says so instead of failing in the child."""
+@pytest.mark.parametrize("name,overrides", FAKE_CASES, ids=FAKE_IDS)
+def test_a_simulated_qlora_run_measures_what_the_real_cpu_run_measures(name, overrides):
+    """`--mode simulate` builds QLoRA on fake tensors (planner.probe.fake_quantized): every
+    measured byte (weights with the quantisation state, gradients, state, activations, each
+    phase's peak) equals the real CPU run's; `verify.plan_run` no longer refuses it."""
     from conftest import tiny_config
 
     from runners import verify
     from runners.request import VerifyRequest
 
-    planned = types.SimpleNamespace(peak_bytes=1)  # the estimate itself is tested above
-    monkeypatch.setattr(verify, "estimate", lambda shape, scenario: planned)
-    request = VerifyRequest(config=tiny_config("tiny-llama"), model_name="tiny", mode=Mode.SIMULATE,
-                            scenario={"task": "causal-lm", "batch_size": 2, "seq_len": 8, "finetune": "qlora"})
-    refusal = verify.plan_run(request).refusal
-    assert refusal == verify.QLORA_NEEDS_REAL_TENSORS and "--mode cpu" in refusal
-    too_small = verify.plan_run(dataclasses.replace(request, mode=Mode.AUTO), cuda_available=False,
-                                available_bytes=0)
-    assert too_small.refusal.endswith(verify.QLORA_NEEDS_REAL_TENSORS)
+    config = tiny_config(name)
+    values = {"task": "causal-lm", "batch_size": 3, "seq_len": 40, "finetune": "qlora", "lora_r": 8,
+              "device": "cpu", **overrides}
+    real = measure_in_process(config, "tiny", dict(values), Mode.CPU)["measured"]
+    simulated = measure_in_process(config, "tiny", dict(values), Mode.SIMULATE)["measured"]
+    timings = {k for k in real if k.endswith("_s")}
+    assert {k: v for k, v in simulated.items() if k not in timings} == {
+        k: v for k, v in real.items() if k not in timings}
+    assert real["peak_bytes"] > 0 and real["weights_bytes"] > 0
+    request = VerifyRequest(config=config, model_name="tiny", mode=Mode.SIMULATE, scenario=values)
+    assert verify.plan_run(request).refusal is None
