@@ -152,8 +152,18 @@ def _same(a: Mapping, b: Mapping) -> bool:
     return True
 
 
+class _EstimatedPeak:
+    """A compared row's estimated peak: None where the estimate refused the plan."""
+
+    estimate: Estimate | None
+
+    @property
+    def peak_bytes(self) -> int | None:
+        return None if self.estimate is None else self.estimate.peak_bytes
+
+
 @dataclass(frozen=True)
-class TechniqueRow:
+class TechniqueRow(_EstimatedPeak):
     technique: Technique
     values: dict  # scenario values
     estimate: Estimate | None
@@ -162,10 +172,6 @@ class TechniqueRow:
     measured_mode: str | None
     measured_run_id: str | None
 
-    @property
-    def peak_bytes(self) -> int | None:
-        return None if self.estimate is None else self.estimate.peak_bytes
-
 
 def compare_techniques(shape: ModelShape, base: Mapping[str, object], records: Iterable = (),
                        config: dict | None = None, techniques: Iterable[Technique] = TECHNIQUES) -> list[TechniqueRow]:
@@ -173,17 +179,21 @@ def compare_techniques(shape: ModelShape, base: Mapping[str, object], records: I
     rows = []
     for technique in techniques:
         values = technique_values(base, technique)
-        try:
-            result, error = estimate(shape, scenario_from_values(**values)), None
-        except PlannerInputError as problem:
-            result, error = None, str(problem)
-        run = matching_run(records, shape.name, config, values)
-        rows.append(TechniqueRow(
-            technique, values, result, error,
-            None if run is None else run.measurement.get("peak_bytes"),
-            None if run is None else run.mode.value,
-            None if run is None else run.id))
+        rows.append(TechniqueRow(technique, values, *_estimated_and_measured(shape, values, records, config)))
     return rows
+
+
+def _estimated_and_measured(shape: ModelShape, values: dict, records: list, config: dict | None) -> tuple:
+    """(estimate or None, its one-line refusal or None, measured peak, mode, run id) of one
+    compared plan: a row's fields after its subject and values."""
+    try:
+        result, error = estimate(shape, scenario_from_values(**values)), None
+    except PlannerInputError as problem:
+        result, error = None, str(problem)
+    run = matching_run(records, shape.name, config, values)
+    if run is None:
+        return result, error, None, None, None
+    return result, error, run.measurement.get("peak_bytes"), run.mode.value, run.id
 
 
 def saving_pct(baseline_bytes: int | None, peak: int | None) -> float | None:
@@ -256,7 +266,7 @@ def adapter_summary(result: Estimate) -> AdapterSummary | None:
 
 
 @dataclass(frozen=True)
-class MethodRow:
+class MethodRow(_EstimatedPeak):
     method: Method
     values: dict  # scenario values, FINETUNE_KEYS included
     estimate: Estimate | None
@@ -264,10 +274,6 @@ class MethodRow:
     measured_peak_bytes: int | None
     measured_mode: str | None
     measured_run_id: str | None
-
-    @property
-    def peak_bytes(self) -> int | None:
-        return None if self.estimate is None else self.estimate.peak_bytes
 
 
 def method_values(base: Mapping[str, object], settings: Mapping[str, object], method: Method) -> dict:
@@ -289,14 +295,7 @@ def compare_methods(shape: ModelShape, base: Mapping[str, object], settings: Map
     rows = []
     for method in Method:
         values = method_values(base, settings, method)
-        try:
-            result, error = estimate(shape, scenario_from_values(**values)), None
-        except PlannerInputError as problem:
-            result, error = None, str(problem)
-        run = matching_run(records, shape.name, config, values)
-        rows.append(MethodRow(method, values, result, error,
-                              None if run is None else run.measurement.get("peak_bytes"),
-                              None if run is None else run.mode.value, None if run is None else run.id))
+        rows.append(MethodRow(method, values, *_estimated_and_measured(shape, values, records, config)))
     return rows
 
 
