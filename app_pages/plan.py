@@ -8,6 +8,7 @@ Layout only: numbers come from planner.estimate and the shared tables and figure
 import streamlit as st
 
 from app_pages.page_context import cached_for_scenario, start_page
+from planner.device_fit import reserved_check
 from planner.fit import fit_limits
 from planner.units import format_bytes
 from planner.verdict import tensor_budget_bytes
@@ -25,7 +26,7 @@ def render() -> None:
     per_gpu, parallel = context.per_gpu, context.parallel  # one device's plan, or one GPU's share of it
 
     gpu = preset_gpu(context.values)
-    verdict = verdict_for(per_gpu, capacity, gpu, parallel)
+    verdict = cached_for_scenario(context, "plan verdict", lambda: verdict_for(shape, per_gpu, capacity, gpu, parallel))
     if verdict.fits:
         st.success(verdict.headline, icon=":material/check_circle:")
     else:
@@ -64,8 +65,9 @@ def render() -> None:
             "Every GPU trains its own micro-batch; the Multiple GPUs page compares the strategies and their traffic.")
 
     budget = tensor_budget_bytes(capacity, context.scenario.device, gpu, parallel)
+    check = reserved_check(capacity, context.scenario.device, gpu)
     limits = cached_for_scenario(context, "plan limits",
-                                 lambda: fit_limits(shape, context.scenario, budget, plan=parallel))
+                                 lambda: fit_limits(shape, context.scenario, budget, plan=parallel, check=check))
     batch_column, seq_column = st.columns(2)
     batch_text = "none" if limits.batch_size is None else f"{limits.batch_size:,}"
     seq_text = "none" if limits.seq_len is None else f"{limits.seq_len:,}"

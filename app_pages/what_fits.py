@@ -19,6 +19,7 @@ from app_pages.fit_view import (
     target_for,
 )
 from app_pages.page_context import cached_for_scenario, start_page
+from planner.device_fit import reserved_check
 from planner.errors import PlannerInputError
 from planner.fit import FIT_ERROR_MARGIN, find_fits
 from planner.step_time import DEFAULT_UTILISATION
@@ -99,11 +100,12 @@ def render() -> None:
         # Plans must pass the verdict: on CUDA, the room the overheads leave (planner.verdict).
         budget = searchable_budget_bytes(capacity, context.scenario.device, preset_gpu(values), context.parallel)
         room_for = room_for_plans(capacity, context.scenario.device, preset_gpu(values))
+        check = reserved_check(capacity, context.scenario.device, preset_gpu(values))
         result = cached_for_scenario(
             context, "what fits",
             lambda: find_fits(shape, context.scenario, capacity, target, gpu, values.gpu_count, utilisation,
                               allow_risky=allow_risky, strategy=context.parallel.strategy, room_for=room_for,
-                              lora=search_adapters),
+                              lora=search_adapters, check=check),
             kind, utilisation, allow_risky, search_adapters)
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")

@@ -22,6 +22,7 @@ from planner.batch import (
     line_answer,
 )
 from planner.catalog import catalog_entries
+from planner.device_fit import plan_verdict, reserved_check, reserved_without_capacity
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.finetune import ALL_LINEAR, FINETUNE_KEYS, QUANT_TYPES, Method
@@ -63,10 +64,9 @@ from planner.strategy import (
 )
 from planner.units import format_bytes
 from planner.verdict import (
-    RESERVED_NOT_REPLAYED,
+    RESERVED_NOT_IN_FIGURE,
     DeviceVerdict,
     device_overheads,
-    device_verdict,
     room_for_plans,
     searchable_budget_bytes,
 )
@@ -200,36 +200,44 @@ def plan_from_values(values: dict) -> ParallelPlan:
 
 def parallel_from_values(values: dict, base_dir: Path | None = None, allow_hub: bool = False) -> ParallelEstimate:
     """The single-device estimate (`.base`) and its multi-device plan from user-facing values."""
+    return _shape_and_parallel(values, base_dir, allow_hub)[1]
+
+
+def _shape_and_parallel(values: dict, base_dir: Path | None, allow_hub: bool) -> tuple[ModelShape, ParallelEstimate]:
     plan = plan_from_values(values)
     shape, base = _shape_and_estimate(values, base_dir, allow_hub)
     if base.scenario.finetune.uses_adapters and (plan.distributed or plan.local_sgd_steps is not None):
         raise PlannerInputError("LoRA across several devices is not planned yet: use one device "
                                 "(--num-devices 1, no local SGD)")
-    return parallel_estimate(shape, base.scenario, plan, base=base)
+    return shape, parallel_estimate(shape, base.scenario, plan, base=base)
 
 
 def result_json(values: dict, base_dir: Path | None = None, allow_hub: bool = False) -> dict:
     """The estimate's JSON with the per-device and communication keys of its plan, and on
-    CUDA the verdict's (planner.verdict: overheads itemised; capacity keys with a `gpu`)."""
-    result = parallel_from_values(values, base_dir, allow_hub)
+    CUDA the verdict's (planner.verdict: overheads itemised; capacity keys with a `gpu`;
+    the caching allocator replayed where planner.device_fit can)."""
+    shape, result = _shape_and_parallel(values, base_dir, allow_hub)
     data = {**result.base.to_json(), **result.to_json()}
-    verdict = verdict_from_values(values, result)
+    verdict = verdict_from_values(values, result, shape)
     if verdict is not None:
         data.update(verdict.to_json())
     elif result.base.scenario.device is Device.CUDA:
         overheads = device_overheads(Device.CUDA, None, result.plan)
+        reserved = reserved_without_capacity(shape, result, None, result.plan)
         data.update({"allocated_peak_bytes": result.per_device_peak_bytes + overheads.allocator_bytes,
-                     "reserved_peak_bytes": None, "usable_capacity_bytes": None, **overheads.to_json(),
-                     "caveat": RESERVED_NOT_REPLAYED})
+                     "reserved_peak_bytes": None if isinstance(reserved, str) else reserved,
+                     "usable_capacity_bytes": None, **overheads.to_json()})
+        if isinstance(reserved, str):
+            data["caveat"] = f"{RESERVED_NOT_IN_FIGURE}: {reserved}"
     return data
 
 
-def verdict_from_values(values: dict, result: ParallelEstimate) -> DeviceVerdict | None:
+def verdict_from_values(values: dict, result: ParallelEstimate, shape: ModelShape) -> DeviceVerdict | None:
     """The verdict on the `gpu` of `values` (a planner.gpus key or GiB); None without one."""
     if values.get("gpu") is None:
         return None
     gpu, capacity = gpu_from_text(values["gpu"])
-    return device_verdict(result.per_device_peak_bytes, capacity, result.base.scenario.device, gpu, result.plan)
+    return plan_verdict(shape, result, capacity, gpu, result.plan)
 
 
 def estimate_from_values(values: dict, base_dir: Path | None = None, allow_hub: bool = False) -> Estimate:
@@ -300,11 +308,11 @@ def _run_estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result_json(values, base_dir=Path.cwd(), allow_hub=args.hub)))
         return 0
-    result = parallel_from_values(values, base_dir=Path.cwd(), allow_hub=args.hub)
+    shape, result = _shape_and_parallel(values, base_dir=Path.cwd(), allow_hub=args.hub)
     print(format_table(result.base))
     if result.plan.distributed or result.plan.local_sgd_steps is not None:
         print("\n" + format_parallel_table(result))
-    verdict = verdict_from_values(values, result)
+    verdict = verdict_from_values(values, result, shape)
     if verdict is not None:
         print("\n" + format_verdict(verdict))
     return 0
@@ -493,7 +501,8 @@ def _run_fit(args: argparse.Namespace) -> int:
                             ParallelPlan(num_devices, strategy if num_devices > 1 else Strategy.SINGLE))
     result = find_fits(shape, base, capacity, target, gpu, num_devices, utilisation,
                        allow_risky=args.allow_risky, strategy=strategy,
-                       room_for=room_for_plans(capacity, base.device, known))
+                       room_for=room_for_plans(capacity, base.device, known),
+                       check=reserved_check(capacity, base.device, known))
     if args.json:
         notes = {"strategy_note": SHARDING_NOTE} if num_devices > 1 else {}
         rows = ([{"fits": True, **option.to_json(), **notes} for option in result.options]

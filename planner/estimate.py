@@ -19,10 +19,15 @@ from dataclasses import dataclass
 
 from planner.activations import ActivationProfile, activation_profile
 from planner.errors import PlannerInputError
-from planner.model_shape import ArchFamily, ModelShape, ParamTensor, compute_parameter_stats
 from planner.finetune import Method
-from planner.optimizer_state import (allocation, optimizer_state_bytes, parameter_bytes_per_element,
-                                     parameter_tensor_bytes, tensor_state_bytes)
+from planner.model_shape import ArchFamily, ModelShape, ParamTensor, compute_parameter_stats
+from planner.optimizer_state import (
+    allocation,
+    optimizer_state_bytes,
+    parameter_bytes_per_element,
+    parameter_tensor_bytes,
+    tensor_state_bytes,
+)
 from planner.optimizer_step import optimizer_step_transient_bytes
 from planner.scenario import Attention, Checkpointing, Device, Engine, Optimizer, Precision, Scenario, Task
 
@@ -40,7 +45,7 @@ class Confidence(enum.Enum):
 
     PROBED = "probed"  # the model's own step on fake tensors (planner.probe), exact in b, s and depth
     PROBED_REAL = "probed-on-real-tensors"  # the same on small real tensors: its code reads tensor values
-    MODELLED = "modelled"  # the family's hand-written activation recipe (CUDA kernels, or the probe failed)
+    MODELLED = "modelled"  # the family's hand-written activation recipe (the probe could not run the model)
     GENERIC = "generic"  # unknown family: a generic pre-LN decoder recipe stands in
 
 
@@ -197,6 +202,15 @@ def _probed_phases(shape: ModelShape, scenario: Scenario, weights: int, state: i
     return phases, walk.forward_end_activations, table.on_real_tensors
 
 
+def _cuda_probe_note(method: str) -> str:
+    from planner.probe.cache import CUDA_PROBE_ARCH
+
+    return (f"{method} on CUDA: activations probed with {CUDA_PROBE_ARCH}'s CUDA kernels on fake tensors "
+            "(planner/probe/fake_cuda.py: SDPA's backend, 1-byte dropout masks, CUDA autocast's op lists; not yet "
+            "measured on a GPU), each saved tensor at its exact size (the caching allocator's 512-byte blocks are "
+            "not added to them).")
+
+
 def check_scenario_fits_model(shape: ModelShape, scenario: Scenario) -> None:
     if shape.max_positions is not None and scenario.seq_len > shape.max_positions:
         raise PlannerInputError(
@@ -278,12 +292,8 @@ def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     step = None
     notes: tuple[str, ...] = ()
     if scenario.device is Device.CUDA:
-        from planner.probe.cache import CUDA_PROBE_ARCH
-
         step = _adapter_step_bytes(count.trainable, scenario)
-        notes = (f"LoRA on CUDA: activations probed with {CUDA_PROBE_ARCH}'s CUDA kernels on fake tensors "
-                 "(planner/probe/fake_cuda.py, not yet measured on a GPU), each saved tensor at its exact size "
-                 "(the caching allocator's 512-byte blocks are not added to them).",)
+        notes = (_cuda_probe_note("LoRA"),)
         if scenario.finetune.method is Method.QLORA:
             notes += ("QLoRA on CUDA: the 4-bit base is quantised by transformers' own quantiser on fake tensors, "
                       "and each 4-bit matmul dequantises its weight as bitsandbytes' CUDA kernel does for more "
@@ -404,16 +414,18 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     notes = []
     confidence = Confidence.MODELLED
     activations_bytes = saved + logits
-    if scenario.device is Device.CPU:
-        probed = _probed_phases(shape, scenario, weights, state)
-        if isinstance(probed, str):
-            notes.append(f"the probe could not run this model ({probed}): the family recipe stands in")
-        else:
-            phases, activations_bytes, on_real_tensors = probed
-            confidence = Confidence.PROBED_REAL if on_real_tensors else Confidence.PROBED
+    # On CUDA the optimizer step's temporaries are read from torch's code (planner.optimizer_step):
+    # a foreach step holds one for every tensor at once, which the reduced model cannot show.
+    cuda_step = phases[2].temporaries if scenario.device is Device.CUDA else None
+    probed = _probed_phases(shape, scenario, weights, state, cuda_step)
+    if isinstance(probed, str):
+        kernels = " (its CUDA terms read from the kernels' code)" if scenario.device is Device.CUDA else ""
+        notes.append(f"the probe could not run this model ({probed}): the family recipe stands in{kernels}")
     else:
-        notes.append("CUDA kernels (1-byte dropout masks, flash/efficient attention) are read from their code: "
-                     "the probe runs CPU kernels")
+        phases, activations_bytes, on_real_tensors = probed
+        confidence = Confidence.PROBED_REAL if on_real_tensors else Confidence.PROBED
+        if scenario.device is Device.CUDA:
+            notes.append(_cuda_probe_note("Full fine-tuning"))
     if confidence not in (Confidence.PROBED, Confidence.PROBED_REAL) and shape.family is ArchFamily.UNKNOWN:
         confidence = Confidence.GENERIC
         notes.append(f"no activation recipe for model_type {shape.model_type!r}: a generic pre-LayerNorm "

@@ -74,6 +74,7 @@ import enum
 from collections.abc import Callable
 from typing import NamedTuple
 
+from planner.device_fit import FitsCheck
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
 from planner.finetune import FineTune, Method
@@ -91,11 +92,29 @@ SEQ_SEARCH_LIMIT = 1 << 20  # tokens, for models without a position limit (rotar
 
 
 def largest_fitting(peak_for: Callable[[int], int | None], capacity_bytes: int, limit: int,
-                    known_fit: int = 1) -> int | None:
+                    known_fit: int = 1, passes: Callable[[int], bool] | None = None) -> int | None:
     """Largest n in [1, limit] with peak_for(n) <= capacity_bytes, assuming the peak is
     non-decreasing in n; None when even n = 1 does not fit. peak_for may answer None for
     an n the model cannot take (treated as not fitting). `known_fit`: an n the caller
-    knows fits (the doubling starts there, saving its first probes)."""
+    knows fits, and passes `passes` (the doubling starts there, saving its first probes). `passes`: a further,
+    costlier test an n must pass (the caching allocator replayed, planner.device_fit), made
+    at the answer and, where it fails there, in a bisection below it."""
+    found = _largest_by_peak(peak_for, capacity_bytes, limit, known_fit)
+    if found is None or passes is None or passes(found):
+        return found
+    # invariant: bad fails; good passes (0: none known; the caller's known fit passed both tests)
+    good, bad = (known_fit if 1 < known_fit < found else 0), found
+    while bad - good > 1:
+        middle = (good + bad) // 2
+        if passes(middle):
+            good = middle
+        else:
+            bad = middle
+    return good or None
+
+
+def _largest_by_peak(peak_for: Callable[[int], int | None], capacity_bytes: int, limit: int,
+                     known_fit: int) -> int | None:
 
     def fits(n: int) -> bool:
         peak = peak_for(n)
@@ -139,21 +158,32 @@ def _peak_or_none(shape: ModelShape, scenario: Scenario, plan: ParallelPlan | No
         return None
 
 
+def _passes_at(check: FitsCheck | None, shape: ModelShape, scenario: Scenario, field: str,
+               plan: ParallelPlan | None) -> Callable[[int], bool] | None:
+    if check is None:
+        return None
+    return lambda n: check(shape, dataclasses.replace(scenario, **{field: n}), plan)
+
+
 def max_batch_size(shape: ModelShape, scenario: Scenario, capacity_bytes: int,
-                   limit: int = BATCH_SEARCH_LIMIT, plan: ParallelPlan | None = None) -> int | None:
-    """Largest micro-batch (sequences) of `scenario` that fits; None when batch 1 does not."""
+                   limit: int = BATCH_SEARCH_LIMIT, plan: ParallelPlan | None = None,
+                   check: FitsCheck | None = None) -> int | None:
+    """Largest micro-batch (sequences) of `scenario` whose peak fits `capacity_bytes` (the
+    room for the step's tensors) and that passes `check` (planner.device_fit.reserved_check);
+    None when batch 1 does not."""
     return largest_fitting(lambda b: _peak_or_none(shape, dataclasses.replace(scenario, batch_size=b), plan),
-                           capacity_bytes, limit)
+                           capacity_bytes, limit, passes=_passes_at(check, shape, scenario, "batch_size", plan))
 
 
 def max_seq_len(shape: ModelShape, scenario: Scenario, capacity_bytes: int,
-                limit: int = SEQ_SEARCH_LIMIT, known_fit: int = 1, plan: ParallelPlan | None = None) -> int | None:
+                limit: int = SEQ_SEARCH_LIMIT, known_fit: int = 1, plan: ParallelPlan | None = None,
+                check: FitsCheck | None = None) -> int | None:
     """Largest sequence length (tokens) of `scenario` that fits, capped by the model's
     positions; None when one token does not."""
     if shape.max_positions is not None:
         limit = min(limit, shape.max_positions)
     return largest_fitting(lambda s: _peak_or_none(shape, dataclasses.replace(scenario, seq_len=s), plan),
-                           capacity_bytes, limit, known_fit)
+                           capacity_bytes, limit, known_fit, _passes_at(check, shape, scenario, "seq_len", plan))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,11 +194,11 @@ class FitLimits:
 
 
 def fit_limits(shape: ModelShape, scenario: Scenario, capacity_bytes: int,
-               plan: ParallelPlan | None = None) -> FitLimits:
+               plan: ParallelPlan | None = None, check: FitsCheck | None = None) -> FitLimits:
     """Largest batch and sequence on one device, or per GPU under `plan`."""
-    seq = max_seq_len(shape, scenario, capacity_bytes, plan=plan)
+    seq = max_seq_len(shape, scenario, capacity_bytes, plan=plan, check=check)
     capped = seq is not None and shape.max_positions is not None and seq == shape.max_positions
-    return FitLimits(max_batch_size(shape, scenario, capacity_bytes, plan=plan), seq, capped)
+    return FitLimits(max_batch_size(shape, scenario, capacity_bytes, plan=plan, check=check), seq, capped)
 
 
 # --- The fit finder -------------------------------------------------------------------
@@ -475,7 +505,8 @@ def _adapter_methods(shape: ModelShape, base: Scenario, num_devices: int, lora: 
 def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: FitTarget, gpu: GpuSpec,
               num_devices: int = 1, utilisation: float = DEFAULT_UTILISATION,
               with_max_seq_len: bool = True, allow_risky: bool = False, strategy: Strategy | None = None,
-              lora: bool = True, room_for: Callable[[ParallelPlan], int] | None = None) -> FitResult:
+              lora: bool = True, room_for: Callable[[ParallelPlan], int] | None = None,
+              check: FitsCheck | None = None) -> FitResult:
     """Every technique combination that fits `capacity_bytes` per GPU and reaches `target`,
     ranked by the fewest and safest changes to the user's plan (`base`, under `strategy`,
     DDP by default with several GPUs), then by estimated step time at the target (time per
@@ -485,7 +516,9 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
     When nothing fits, `nearest` lists the plans that miss by least. `base` also gives what
     is not searched: task, labels, attention, device kind, training loop. `room_for(plan)`:
     what the step's tensors may take per GPU under each strategy, when less than the
-    capacity (planner.verdict: CUDA overheads, NCCL communicators per strategy)."""
+    capacity (planner.verdict: CUDA overheads, NCCL communicators per strategy); `check`: the
+    verdict's further test of a plan (planner.device_fit.reserved_check: the caching
+    allocator replayed)."""
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
         raise PlannerInputError(f"number of devices must be a positive integer, got {num_devices!r}")
     if capacity_bytes <= 0:
@@ -546,7 +579,7 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
                             key = (plan_strategy, finetune, optimizer, precision, checkpointing, min(k, 2))
                             if key not in largest:
                                 combo = probe.scenario(base, batch_size=1, grad_accum_steps=min(k, 2))
-                                largest[key] = max_batch_size(shape, combo, room, plan=parallel)
+                                largest[key] = max_batch_size(shape, combo, room, plan=parallel, check=check)
                             best = largest[key]
                             if best is None or (micro is not None and micro > best):
                                 misses.setdefault(key[:5], []).append((probe, changes))
@@ -557,7 +590,7 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
                                 changes = plan_changes(own, own_strategy, plan, plan_strategy, own_split)
                             result = parallel_estimate(shape, plan, parallel)
                             seq = (max_seq_len(shape, plan, room, known_fit=plan.seq_len,
-                                               plan=parallel) if with_max_seq_len else None)
+                                               plan=parallel, check=check) if with_max_seq_len else None)
                             timing = step_time(shape, plan, gpu, num_devices, utilisation,
                                                result if parallel.distributed else None,
                                                result.base.trainable_parameters)
@@ -621,6 +654,8 @@ def _nearest(shape: ModelShape, base: Scenario, misses: dict, rooms: dict[Strate
             except PlannerInputError:  # a micro-batch beyond any real step: no estimate to show
                 continue
             peak = _peak_or_none(shape, plan, parallel)
+            if peak is not None and peak <= rooms[plan_strategy]:
+                continue  # its live tensors fit: it missed on the allocator's replay, not by a peak to show
             if peak is not None and (best is None or peak < best.peak_bytes):
                 best = NearMiss(plan, plan_strategy, num_devices, peak, rooms[plan_strategy], changes)
         if best is not None:
@@ -629,13 +664,14 @@ def _nearest(shape: ModelShape, base: Scenario, misses: dict, rooms: dict[Strate
     return tuple(found[:NEAREST_SHOWN])
 
 
-def best_options_with_max_seq_len(shape: ModelShape, result: FitResult, count: int) -> FitResult:
+def best_options_with_max_seq_len(shape: ModelShape, result: FitResult, count: int,
+                                  check: FitsCheck | None = None) -> FitResult:
     """`result` cut to its `count` best options, each with its largest sequence searched:
     what a report lists, without searching sequences for the options it leaves out (on CPU
     kernels each search probes new sequence lengths, seconds per option)."""
     best = tuple(dataclasses.replace(option, max_seq_len=max_seq_len(
         shape, option.scenario, result.room_bytes(option.strategy), known_fit=option.scenario.seq_len,
-        plan=ParallelPlan(option.num_devices, option.strategy))) for option in result.options[:count])
+        plan=ParallelPlan(option.num_devices, option.strategy), check=check)) for option in result.options[:count])
     return dataclasses.replace(result, options=best)
 
 

@@ -8,8 +8,10 @@ On CUDA (planner.cuda_overheads):
   allocated peak  = the step's live-tensor peak (planner.estimate) + torch's persistent
                     allocator blocks (the cuBLAS workspaces, one per thread that runs matmuls)
   required        = the reserved peak when the allocator is replayed on the step's trace
-                    (planner.cuda_allocator), else the allocated peak: then the verdict says
-                    that the caching allocator's slack above it is not in the figure.
+                    (planner.device_fit, planner.reserved), else the allocated peak: then the
+                    verdict says that the caching allocator's slack above it is not in the figure
+  fits            = required <= usable capacity, and a replay given the usable capacity
+                    does not run out of memory (it releases its cache and retries first)
 On CPU there is no caching allocator or context: required = the peak, usable = the capacity.
 
 `tensor_budget_bytes` is what the live tensors may take for the verdict to hold: the fit
@@ -28,8 +30,9 @@ from planner.scenario import Device
 from planner.strategy import ParallelPlan
 from planner.units import bytes_to_gib, format_bytes
 
-RESERVED_NOT_REPLAYED = ("the caching allocator's reserved memory above the allocated peak is not in this figure: "
-                         "its replay needs the step's allocation trace on CUDA kernels, not probed yet")
+RESERVED_NOT_IN_FIGURE = "the caching allocator's reserved memory above the allocated peak is not in this figure"
+RESERVED_NOT_REPLAYED = (f"{RESERVED_NOT_IN_FIGURE}: its replay needs the plan's step on one GPU, probed on CUDA's "
+                         "kernels (planner.device_fit)")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,8 @@ class DeviceVerdict:
     capacity_bytes: int  # the device's total as the driver reports it (nvidia-smi memory.total)
     overheads: CudaOverheads | None  # None on CPU
     reserved_peak_bytes: int | None = None  # the allocator replay's max_memory_reserved; None: not replayed
+    reserved_not_replayed: str | None = None  # why there is no replay, in words (None: the general reason)
+    replay_out_of_memory: bool = False  # the replay, given the usable capacity, ran out of memory
 
     def __post_init__(self) -> None:
         if self.peak_bytes < 0 or self.capacity_bytes <= 0:
@@ -67,7 +72,9 @@ class DeviceVerdict:
 
     @property
     def fits(self) -> bool:
-        return self.required_bytes <= self.usable_capacity_bytes
+        # A replay under the usable capacity releases the allocator's cache and retries before
+        # it fails, as torch does: an out-of-memory there does not fit whatever the figures say.
+        return self.required_bytes <= self.usable_capacity_bytes and not self.replay_out_of_memory
 
     @property
     def margin_bytes(self) -> int:
@@ -82,7 +89,12 @@ class DeviceVerdict:
     def caveat(self) -> str | None:
         """What the figure leaves out, in words (None when nothing)."""
         if self.overheads is not None and self.reserved_peak_bytes is None:
+            if self.reserved_not_replayed is not None:
+                return f"{RESERVED_NOT_IN_FIGURE}: {self.reserved_not_replayed}"
             return RESERVED_NOT_REPLAYED
+        if self.replay_out_of_memory:
+            return ("the caching allocator, replayed within the usable capacity, runs out of memory even after "
+                    "releasing its cache: the reserved peak shown is what the step would reserve on a larger GPU")
         return None
 
     @property
@@ -106,7 +118,8 @@ class DeviceVerdict:
             rows += [(item.name, item.bytes, f"inside reserved memory; {item.kind.value}: {item.source}")
                      for item in self.overheads.allocator_items]
             rows.append(("Allocated peak", self.allocated_peak_bytes, "live tensors + torch's allocator blocks"))
-            rows.append(("Reserved peak", self.reserved_peak_bytes, self.caveat or "the caching allocator replayed"))
+            rows.append(("Reserved peak", self.reserved_peak_bytes, self.caveat or (
+                "the caching allocator replayed on the step's allocations, within the usable capacity")))
             rows += [(item.name, item.bytes, f"outside the allocator; {item.kind.value}: {item.source}")
                      for item in self.overheads.items]
         rows += [("Capacity (driver's total)", self.capacity_bytes, "nvidia-smi memory.total"),
@@ -124,6 +137,8 @@ class DeviceVerdict:
                 "cuda_overhead_bytes": self.overhead_bytes}
         if self.overheads is not None:
             data.update(self.overheads.to_json())
+        if self.replay_out_of_memory:
+            data["replay_out_of_memory"] = True
         if self.caveat is not None:
             data["caveat"] = self.caveat
         return data
@@ -135,6 +150,7 @@ def device_overheads(device: Device, gpu: GpuSpec | None, plan: ParallelPlan | N
 
 def device_verdict(peak_bytes: int, capacity_bytes: int, device: Device, gpu: GpuSpec | None,
                    plan: ParallelPlan | None = None, reserved_peak_bytes: int | None = None) -> DeviceVerdict:
+    """The verdict without a replay (planner.device_fit replays the allocator where it can)."""
     return DeviceVerdict(peak_bytes, capacity_bytes, device_overheads(device, gpu, plan), reserved_peak_bytes)
 
 

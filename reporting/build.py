@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from planner.device_fit import reserved_check
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.finetune import FINETUNE_KEYS
@@ -100,7 +101,7 @@ class Report:
 
     @property
     def verdict(self) -> DeviceVerdict:
-        return verdict_for(self.per_gpu, self.capacity_bytes, self.gpu, self.parallel)
+        return verdict_for(self.shape, self.per_gpu, self.capacity_bytes, self.gpu, self.parallel)
 
     @property
     def per_gpu(self) -> Estimate | ParallelEstimate:
@@ -134,11 +135,13 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
     per_device = parallel_estimate(shape, scenario, parallel, result) if parallel.distributed else None
     # The searches stop where the verdict does: on CUDA, the room the overheads leave.
     budget = tensor_budget_bytes(capacity_bytes, scenario.device, gpu, parallel)
-    limits = fit_limits(shape, scenario, budget, plan=parallel)
+    check = reserved_check(capacity_bytes, scenario.device, gpu)
+    limits = fit_limits(shape, scenario, budget, plan=parallel, check=check)
     try:
         searchable_budget_bytes(capacity_bytes, scenario.device, gpu, parallel)
         fits, nearest, left_out = _fit_tables(shape, scenario, capacity_bytes, gpu_count, parallel.strategy,
-                                              room_for_plans(capacity_bytes, scenario.device, gpu), search_adapters)
+                                              room_for_plans(capacity_bytes, scenario.device, gpu), search_adapters,
+                                              check)
     except PlannerInputError as error:  # the overheads alone fill the GPU: nothing to search
         fits, nearest, left_out = pd.DataFrame(), pd.DataFrame(), (str(error),)
     return Report(
@@ -159,7 +162,8 @@ FIT_ROWS_SHOWN = 10
 
 
 def _fit_tables(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int, strategy: Strategy,
-                room_for, search_adapters: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, tuple[str, ...]]:
+                room_for, search_adapters: bool = True,
+                check=None) -> tuple[pd.DataFrame, pd.DataFrame, tuple[str, ...]]:
     """The fit finder's best options (planner.fit) for the plan's effective batch and sequence,
     ranked by the fewest and safest changes to the plan; the nearest plans when none fits;
     the methods it left out and why."""
@@ -169,8 +173,9 @@ def _fit_tables(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int
 
     target = FitTarget(scenario.seq_len, effective_batch=scenario.batch_size * scenario.grad_accum_steps * gpu_count)
     result = find_fits(shape, scenario, capacity_bytes, target, nearest_gpu(capacity_bytes), gpu_count,
-                       with_max_seq_len=False, strategy=strategy, room_for=room_for, lora=search_adapters)
-    best = best_options_with_max_seq_len(shape, result, FIT_ROWS_SHOWN)
+                       with_max_seq_len=False, strategy=strategy, room_for=room_for, lora=search_adapters,
+                       check=check)
+    best = best_options_with_max_seq_len(shape, result, FIT_ROWS_SHOWN, check)
     unsearched = () if search_adapters else ("LoRA and QLoRA plans not searched (What fits' checkbox)",)
     return pd.DataFrame(fit_rows(best)), pd.DataFrame(nearest_rows(result)), (*unsearched, *result.left_out)
 

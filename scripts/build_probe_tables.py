@@ -2,12 +2,17 @@
 
 One file per catalog config, holding its probe tables for the default technique classes
 (default task, SDPA where the model has it, the lessons' loop, no checkpointing; fp32 and
-bf16 autocast; batch 1 and larger batches; `--all` adds pure bf16 and checkpointing) and
-the optimizer step's temporaries (AdamW; `--all`: the fit finder's four optimizers). Anything else is probed
-on first use and cached per user.
+bf16 autocast; batch 1 and larger batches; `--all` adds pure bf16 and checkpointing), on CPU
+kernels and on the CUDA kernels CUDA plans are probed with (planner.probe.cache.probe_gpu),
+and the optimizer step's temporaries on CPU (AdamW; `--all`: the fit finder's four optimizers;
+CUDA's step is read from torch's code, planner.optimizer_step). Anything else is probed on
+first use and cached per user.
 tests/test_probe_cache.py checks a shipped table against a fresh probe.
 
-Run: python scripts/build_probe_tables.py [--only NAME] (minutes: a few seconds per class)
+Run: python scripts/build_probe_tables.py [--only NAME] [--device cpu|cuda] [--all] [--eager] (a few
+seconds per class: about an hour for the catalog on two cores). What is shipped beyond the default
+classes: `--all` for DistilBERT, GPT-2, Mistral-7B and Llama-2-7B (the dashboard's defaults and
+the fit finder's usual 7B models), `--eager` for DistilBERT and GPT-2, on CUDA.
 """
 
 from __future__ import annotations
@@ -31,28 +36,40 @@ from planner.scenario import scenario_from_values  # noqa: E402
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 STEP_OPTIMIZERS = ("adamw", "adamw8bit", "hf-adafactor", "sgd")
 BATCH_CLASSES = (2, 1)  # batch 1 is a technique class of its own (planner.probe.cache)
+DEVICES = ("cpu", "cuda")
 
 
-def ship(name: str, everything: bool) -> int:
+def ship(name: str, everything: bool, devices: tuple[str, ...] = DEVICES, eager: bool = False) -> int:
+    """Probe and store `name`'s classes; `eager`: eager attention's too, where SDPA is the default."""
     entry = catalog_entries()[name]
     shape = load_model_shape(name, entry.default_task)
     path = cache.SHIPPED_DIR / f"{cache.config_digest(shape)}.json"
     written = 0
-    attention = "sdpa" if shape.supports_sdpa else "eager"
+    attentions = ("sdpa", "eager") if shape.supports_sdpa and eager else ("sdpa",) if shape.supports_sdpa else ("eager",)
+    # With `everything`, sequences that reach a sliding window too (a class of their own): the
+    # fit finder's longest-sequence search goes there.
+    window = shape.sliding_window
+    seq_lens = (8,) + ((window,) if everything and window and (shape.max_positions or window) >= window else ())
     for precision in PRECISIONS if everything else PRECISIONS[:2]:
-        for checkpointing, batch in itertools.product((False, True) if everything else (False,), BATCH_CLASSES):
-            scenario = scenario_from_values(task=entry.default_task.value, batch_size=batch, seq_len=8, device="cpu",
-                                            precision=precision, gradient_checkpointing=checkpointing,
+        for device, checkpointing, batch, attention, seq_len in itertools.product(
+                devices, (False, True) if everything else (False,), BATCH_CLASSES, attentions, seq_lens):
+            scenario = scenario_from_values(task=entry.default_task.value, batch_size=batch, seq_len=seq_len,
+                                            device=device, precision=precision, gradient_checkpointing=checkpointing,
                                             attn=attention)
             table = cache.probe_table(shape, scenario)
             if isinstance(table, str):
-                print(f"  {name} {precision} checkpointing={checkpointing} batch {batch}: not probed ({table})")
+                print(f"  {name} {device} {precision} checkpointing={checkpointing} batch {batch}: "
+                      f"not probed ({table})")
+                # Shipped too, so a plan falls back to the recipe at once instead of re-trying.
+                cache.store_unsupported(cache.technique_key(shape, scenario), table, path)
                 continue
             cache.store(table, path)
             written += 1
+        if "cpu" not in devices:
+            continue
         for optimizer in STEP_OPTIMIZERS if everything else STEP_OPTIMIZERS[:1]:
             scenario = scenario_from_values(task=entry.default_task.value, batch_size=1, seq_len=8, device="cpu",
-                                            precision=precision, optimizer=optimizer, attn=attention)
+                                            precision=precision, optimizer=optimizer, attn=attentions[0])
             step = cache.probed_step_temporaries(shape, scenario)
             if isinstance(step, str):
                 print(f"  {name} {optimizer} {precision}: step not probed ({step})")
@@ -68,11 +85,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="catalog names containing this text")
     parser.add_argument("--all", action="store_true", help="every precision, checkpointing and fit optimizer")
+    parser.add_argument("--device", choices=DEVICES, help="one device's kernels only (default: both)")
+    parser.add_argument("--eager", action="store_true", help="eager attention too, for models whose default is SDPA")
     args = parser.parse_args()
     names = [n for n in catalog_entries() if not args.only or args.only in n]
+    devices = (args.device,) if args.device else DEVICES
     for number, name in enumerate(names, start=1):
         started = time.perf_counter()
-        written = ship(name, args.all)
+        written = ship(name, args.all, devices, args.eager)
         print(f"[{number}/{len(names)}] {name}: {written} entries in {time.perf_counter() - started:.1f} s", flush=True)
     return 0
 

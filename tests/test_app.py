@@ -25,6 +25,7 @@ from planner.errors import PlannerInputError
 from planner.estimate import estimate
 from planner.gpus import GPUS
 from planner.loading import load_model_shape, model_shape_for_config
+from planner.reserved import replayed_step
 from planner.scenario import Task, scenario_from_values
 from planner.units import GIB, format_bytes
 from views.escaping import markdown_text
@@ -84,10 +85,17 @@ def test_default_render_shows_the_estimate_and_a_verdict():
     capacity = GPU_PRESETS[DEFAULTS["gpu_preset"]]
     assert result.peak_bytes < capacity  # the lessons' DistilBERT fits a T4
     assert verdict_text(at).startswith("Fits")
-    # On CUDA the context is outside the allocator and the cuBLAS workspaces inside it (planner.cuda_overheads).
+    # On CUDA the context is outside the allocator and the cuBLAS workspaces inside it
+    # (planner.cuda_overheads); the margin is what the caching allocator, replayed on the step
+    # with those workspaces within the usable capacity, leaves of it (planner.reserved).
     overheads = cuda_overheads(GPUS[GPU_PRESET_KEYS[DEFAULTS["gpu_preset"]]])
+    usable = capacity - overheads.total_bytes
+    shape = load_model_shape(DEFAULTS["catalog_model"], result.scenario.task, result.scenario.num_labels)
+    replayed = replayed_step(shape, result, tuple(i.bytes for i in overheads.allocator_items), usable)
+    assert not replayed.out_of_memory
+    assert replayed.peak_reserved_bytes >= result.peak_bytes + overheads.allocator_bytes
     margin = next(m.value for m in at.metric if m.label == "Margin")
-    assert margin == f"{(capacity - overheads.total_bytes - overheads.allocator_bytes - result.peak_bytes) / GIB:+,.2f} GiB"
+    assert margin == f"{(usable - replayed.peak_reserved_bytes) / GIB:+,.2f} GiB"
 
 
 def test_batch_size_changes_the_peak():
@@ -149,8 +157,13 @@ def test_custom_capacity_below_the_peak_does_not_fit():
     assert_page_shows(at, result)
     assert verdict_text(at).startswith("Does not fit")
     # A custom size names no GPU: the overheads take their larger figures (planner.cuda_overheads).
+    # The replay within the usable capacity runs out of memory, so the shortfall is what the
+    # step would reserve with room to spare, less the usable capacity.
     overheads = cuda_overheads(None)
-    short = result.peak_bytes + overheads.allocator_bytes - (GIB - overheads.total_bytes)
+    shape = load_model_shape(DEFAULTS["catalog_model"], result.scenario.task, result.scenario.num_labels)
+    blocks = tuple(i.bytes for i in overheads.allocator_items)
+    assert replayed_step(shape, result, blocks, GIB - overheads.total_bytes).out_of_memory
+    short = replayed_step(shape, result, blocks).peak_reserved_bytes - (GIB - overheads.total_bytes)
     assert f"by {short / GIB:,.2f} GiB" in verdict_text(at)
     margin = next(m.value for m in at.metric if m.label == "Margin")
     assert margin == f"{-short / GIB:+,.2f} GiB"
@@ -190,14 +203,15 @@ def test_uploaded_config_is_estimated_as_the_task_its_architectures_name():
 
 
 def test_a_task_chosen_over_the_uploaded_configs_is_noted():
-    data = (CATALOG_DIR / "mistral-7b-v0.1.json").read_bytes()  # architectures: MistralForCausalLM
+    # GPT-2: its causal-LM tables ship; the sequence classifier is a class of its own, probed here.
+    data = (CATALOG_DIR / "gpt2.json").read_bytes()  # architectures: GPT2LMHeadModel
     at = upload(run_app(), data)
-    label = f"MistralForCausalLM · {hashlib.sha256(data).hexdigest()[:12]}"
-    assert at.caption[0].value.startswith(f"**{label}**: MistralForCausalLM")
+    label = f"GPT2LMHeadModel · {hashlib.sha256(data).hexdigest()[:12]}"
+    assert at.caption[0].value.startswith(f"**{label}**: GPT2LMHeadModel")
     at.selectbox(key="task").set_value("sequence-classification").run()
     assert not at.exception and not at.error
-    assert at.caption[0].value.startswith(f"**{label}**: MistralForSequenceClassification")
-    assert at.info[0].value == ("The config's architectures name MistralForCausalLM (causal-lm); planned as "
+    assert at.caption[0].value.startswith(f"**{label}**: GPT2ForSequenceClassification")
+    assert at.info[0].value == ("The config's architectures name GPT2LMHeadModel (causal-lm); planned as "
                                 "sequence-classification, the task chosen in the sidebar.")
 
 

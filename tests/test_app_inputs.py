@@ -147,7 +147,8 @@ def test_verdict_margin_and_headline():
     assert short.headline.startswith("Does not fit") and "by 4.50 GiB" in short.headline
     assert DeviceVerdict(peak_bytes=GIB, capacity_bytes=GIB, overheads=None).fits  # exactly full still fits
     result = _distilbert_estimate(device="cpu")
-    assert verdict_for(result, 15 * GIB) == DeviceVerdict(result.peak_bytes, 15 * GIB, None)
+    shape = load_model_shape("distilbert-base-cased", result.scenario.task, result.scenario.num_labels)
+    assert verdict_for(shape, result, 15 * GIB) == DeviceVerdict(result.peak_bytes, 15 * GIB, None)
 
 
 # --- Uploads kept by hash, hub ids (issue 14) -----------------------------------------------

@@ -160,14 +160,24 @@ def _room_for_tensors(preset: str) -> int:
     return GPU_PRESETS[preset] - overheads.total_bytes - overheads.allocator_bytes
 
 
+def _replayed_check(preset: str):
+    from planner.device_fit import reserved_check
+    from planner.scenario import Device
+
+    return reserved_check(GPU_PRESETS[preset], Device.CUDA, GPUS[GPU_PRESET_KEYS[preset]])
+
+
 def test_plan_shows_the_largest_batch_and_sequence_that_fit():
     at = app()
     shape, scenario = shape_for()
-    limits = fit_limits(shape, scenario, _room_for_tensors(DEFAULTS["gpu_preset"]))
+    # The searches stop where the verdict does: live tensors in the room the overheads leave,
+    # then the caching allocator replayed (planner.device_fit).
+    limits = fit_limits(shape, scenario, _room_for_tensors(DEFAULTS["gpu_preset"]),
+                        check=_replayed_check(DEFAULTS["gpu_preset"]))
     assert metric(at, "Largest batch size that fits") == f"{limits.batch_size:,}"
     assert metric(at, "Largest sequence length that fits") == f"{limits.seq_len:,}"
     at.selectbox(key="gpu_preset").set_value("H200 · 141 GB").run()
-    bigger = fit_limits(shape, scenario, _room_for_tensors("H200 · 141 GB"))
+    bigger = fit_limits(shape, scenario, _room_for_tensors("H200 · 141 GB"), check=_replayed_check("H200 · 141 GB"))
     assert metric(at, "Largest batch size that fits") == f"{bigger.batch_size:,}"
     assert bigger.batch_size > limits.batch_size
 

@@ -41,7 +41,17 @@ def expected_result(kind: str = "effective-batch", allow_risky: bool = False, **
     shape = load_model_shape(values.catalog_model, scenario.task, scenario.num_labels)
     capacity = capacity_bytes(values)
     return find_fits(shape, scenario, capacity, target_for(values, kind), gpu_for(values, capacity),
-                     values.gpu_count, 0.4, allow_risky=allow_risky, room_for=room_for(values))
+                     values.gpu_count, 0.4, allow_risky=allow_risky, room_for=room_for(values),
+                     check=replayed_check(values))
+
+
+def replayed_check(values: SidebarValues):
+    """On CUDA a plan must also pass the caching allocator's replay (planner.device_fit)."""
+    from planner.device_fit import reserved_check
+    from planner.scenario import Device
+
+    gpu = GPUS[GPU_PRESET_KEYS[values.gpu_preset]] if values.device == "cuda" else None
+    return reserved_check(capacity_bytes(values), Device(values.device), gpu)
 
 
 def room_for(values: SidebarValues):

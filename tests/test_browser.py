@@ -137,8 +137,9 @@ def test_plan_page_recomputes_when_the_batch_size_changes(server_url, page):
 
     page.goto(server_url)
     main = page.get_by_test_id("stMain")
-    # The default device is CUDA: the verdict is on the allocated peak, overheads aside (planner.verdict).
-    expect(main.get_by_text(re.compile(r"^Fits: the allocated peak of "))).to_be_visible(timeout=RENDER_TIMEOUT_MS)
+    # The default device is CUDA: the verdict is on the caching allocator's replayed reserved peak,
+    # overheads aside (planner.device_fit).
+    expect(main.get_by_text(re.compile(r"^Fits: the reserved peak of "))).to_be_visible(timeout=RENDER_TIMEOUT_MS)
     peak = metric_value(page, "Peak")
     expect(peak).to_have_text(small_peak)
 
@@ -155,7 +156,7 @@ def test_plan_page_recomputes_when_the_batch_size_changes(server_url, page):
 
     expect(peak).to_have_text(big_peak, timeout=RENDER_TIMEOUT_MS)
     assert big_peak != small_peak
-    expect(main.get_by_text(re.compile(r"^Does not fit: the allocated peak of "))).to_be_visible()
+    expect(main.get_by_text(re.compile(r"^Does not fit: the reserved peak of "))).to_be_visible()
     expect(main.get_by_text(re.compile(r"^Fits: "))).to_have_count(0)
     # app.py mirrors the sidebar into st.query_params: the address bar is a link to this plan.
     try:

@@ -201,10 +201,11 @@ def test_an_inconsistent_trace_fails_the_check():
 def test_tables_without_a_trace_load_and_write_as_before():
     shape = load_model_shape("gpt2", Task.CAUSAL_LM)
     stored = json.loads((cache.SHIPPED_DIR / f"{cache.config_digest(shape)}.json").read_text())
-    for data in stored.values():
-        if "segments" in data:
-            table = ProbeTable.from_json(data)
-            assert table.trace is None and table.to_json() == data
+    older = [data for data in stored.values() if "segments" in data and "trace" not in data]  # the CPU tables
+    assert older
+    for data in older:
+        table = ProbeTable.from_json(data)
+        assert table.trace is None and table.to_json() == data
     _, _, fresh, _ = probed("llama-x6-bf16-mixed-lessons")
     data = json.loads(json.dumps(fresh.to_json()))
     assert ProbeTable.from_json(data) == fresh

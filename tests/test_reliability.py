@@ -249,5 +249,5 @@ def test_absurd_label_count_is_bounded_not_a_hang():
     assert not at.exception and at.number_input(key="num_labels").value <= MAX_NUM_LABELS and at.metric
     with pytest.raises(PlannerInputError, match="number of labels must be at most"):
         scenario_from_values(task="sequence-classification", batch_size=1, seq_len=8, num_labels=10**12)
-    at.number_input(key="num_labels").set_value(3).run()
+    at.number_input(key="num_labels").set_value(2).run()  # back to a usual head (its probe tables ship)
     assert not at.exception and not at.error and at.metric

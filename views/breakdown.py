@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import pandas as pd
 
+from planner.device_fit import plan_verdict
 from planner.estimate import Estimate
 from planner.gpus import GpuSpec
+from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate
 from planner.strategy import ParallelPlan
 from planner.units import format_bytes
-from planner.verdict import DeviceVerdict, device_verdict
+from planner.verdict import DeviceVerdict
 
 # PhaseMemory field -> label, in the order the planner and the runners list them.
 CATEGORY_LABELS = {
@@ -52,12 +54,12 @@ def breakdown_table(result: Estimate | ParallelEstimate) -> pd.DataFrame:
     })
 
 
-def verdict_for(result: Estimate | ParallelEstimate, capacity_bytes: int, gpu: GpuSpec | None = None,
-                plan: ParallelPlan | None = None) -> DeviceVerdict:
-    """The verdict on one GPU (planner.verdict): on CUDA with the overheads of `gpu` (None: a
-    custom size, their larger figures) under `plan`."""
-    scenario = result.base.scenario if isinstance(result, ParallelEstimate) else result.scenario
-    return device_verdict(peak_bytes(result), capacity_bytes, scenario.device, gpu, plan)
+def verdict_for(shape: ModelShape, result: Estimate | ParallelEstimate, capacity_bytes: int,
+                gpu: GpuSpec | None = None, plan: ParallelPlan | None = None) -> DeviceVerdict:
+    """The verdict on one GPU (planner.device_fit): on CUDA with the overheads of `gpu` (None:
+    a custom size, their larger figures) under `plan`, the caching allocator replayed where
+    the plan's step can be."""
+    return plan_verdict(shape, result, capacity_bytes, gpu, plan)
 
 
 def verdict_table(verdict: DeviceVerdict) -> pd.DataFrame:

@@ -92,6 +92,9 @@ def technique_key(shape: ModelShape, scenario: Scenario) -> str:
     return "|".join(parts)
 
 
+UNSUPPORTED = "unsupported"  # a stored entry holding the reason a class cannot be probed
+
+
 def _user_dir() -> Path:
     base = os.environ.get("PLANNER_DATA_DIR")
     return (Path(base) if base else Path.home() / ".cache" / "training-memory-planner") / "probes"
@@ -197,7 +200,8 @@ def _stored_or_computed(shape: ModelShape, key: str, decode: Callable[[dict], ob
     for path in (SHIPPED_DIR / f"{digest}.json", _user_dir() / f"{digest}.json"):
         stored = _read(path).get(key)
         if stored is not None:
-            _MEMORY[(digest, key)] = decode(stored)
+            # A shipped class the probe cannot run keeps its reason (scripts/build_probe_tables.py).
+            _MEMORY[(digest, key)] = stored[UNSUPPORTED] if UNSUPPORTED in stored else decode(stored)
             return _MEMORY[(digest, key)]
     from planner.probe.run import ProbeUnsupported
 
@@ -241,6 +245,12 @@ def probed_step_temporaries(shape: ModelShape, scenario: Scenario) -> int | str:
 
     return _stored_or_computed(shape, step_key(shape, scenario), lambda stored: int(stored["step_temporaries_bytes"]),
                                compute, lambda value: {"step_temporaries_bytes": value})
+
+
+def store_unsupported(key: str, reason: str, path: Path) -> None:
+    """Record that a class cannot be probed, and why (only the shipping script does: a
+    failure for want of memory belongs to one machine)."""
+    _store_entry(key, {UNSUPPORTED: reason}, path)
 
 
 def store(table: ProbeTable, path: Path) -> None:

@@ -46,6 +46,7 @@ raises TraceError if the neighbour's counterpart differs in size.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -85,15 +86,36 @@ def _parts(table: ProbeTable, micro: int, backward: bool) -> list[tuple[int | No
     return head + (blocks[::-1] if backward else blocks)
 
 
+# The expansion's order and keys do not depend on batch or sequence, only its sizes do, so
+# one structure per (table, micro-batches) serves every size: (table, structure) by key.
+_STRUCTURES: dict[tuple[str, int], tuple[ProbeTable, Expansion]] = {}
+_STRUCTURES_KEPT = 64
+
+
 def expand(table: ProbeTable, batch: int, seq: int, accumulation_steps: int) -> Expansion:
     """The micro-batches of one optimizer step of `accumulation_steps` micro-batches at (batch, seq)."""
+    if accumulation_steps < 1:
+        raise ValueError("accumulation_steps must be at least 1")
+    cached = _STRUCTURES.get((table.key, accumulation_steps))
+    if cached is None or cached[0] is not table:
+        if len(_STRUCTURES) >= _STRUCTURES_KEPT:
+            _STRUCTURES.clear()
+        cached = table, _structure(table, accumulation_steps)
+        _STRUCTURES[(table.key, accumulation_steps)] = cached
+    structure = cached[1]
+    sizes = [poly_value(p, batch, seq) for p in table.trace.polys]
+    # An allocation's key is (storage, serial): its size is its storage's.
+    events = [(key, FREE if nbytes == FREE else sizes[key[0]]) for key, nbytes in structure.events]
+    return dataclasses.replace(structure, events=events)
+
+
+def _structure(table: ProbeTable, accumulation_steps: int) -> Expansion:
+    """The expansion with every allocation's size left as 0 (expand fills them in)."""
     trace = table.trace
     if trace is None:
         raise TraceError("this probe table has no allocation trace (probed before traces were kept): probe it again")
-    if accumulation_steps < 1:
-        raise ValueError("accumulation_steps must be at least 1")
     polys, makers, ordinals = trace.polys, trace.makers, trace.ordinals
-    sizes = [poly_value(p, batch, seq) for p in polys]
+    sizes = [0] * len(polys)
     group_of: dict[int, str] = {}  # storage -> "micro:direction" it is made in
     made_in_one, freed = set(), set()
     for name, events in trace.events.items():

@@ -1,0 +1,87 @@
+"""Does a plan fit one GPU as the driver sees it: the verdict with the caching allocator
+replayed on the plan's own step where it can be (planner.reserved), and the same test for
+the fit searches, so that a plan they propose is one this verdict passes.
+
+The replay needs the step's allocation trace, which a probe on CUDA's kernels keeps
+(planner.probe.cache), of one GPU's step: it is run for single-GPU full fine-tuning plans
+on CUDA. It is given the usable capacity (the driver's total less what lives outside the
+allocator), so, as torch does, it releases cached blocks and retries before it runs out of
+memory; a plan fits when it never does. Elsewhere the verdict compares the allocated peak
+and says that the allocator's slack is not in it, and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from planner.errors import PlannerInputError
+from planner.estimate import Estimate, estimate
+from planner.gpus import GpuSpec
+from planner.model_shape import ModelShape
+from planner.parallel import ParallelEstimate
+from planner.reserved import replayed_step
+from planner.scenario import Device, Scenario
+from planner.strategy import ParallelPlan
+from planner.verdict import DeviceVerdict, device_overheads
+
+MULTI_GPU_NOT_REPLAYED = ("it is replayed for single-GPU plans only (a multi-GPU step's communication buffers "
+                          "and shards are not in the probe's trace)")
+
+
+def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacity_bytes: int,
+                 gpu: GpuSpec | None, plan: ParallelPlan | None = None) -> DeviceVerdict:
+    """The verdict on one GPU of capacity `capacity_bytes` (the driver's total), with the
+    overheads of `gpu` (None: a custom size, their larger figures) under `plan`."""
+    single = result.base if isinstance(result, ParallelEstimate) else result
+    peak = result.per_device_peak_bytes if isinstance(result, ParallelEstimate) else result.peak_bytes
+    overheads = device_overheads(single.scenario.device, gpu, plan)
+    if overheads is None:
+        return DeviceVerdict(peak, capacity_bytes, None)
+    if plan is not None and plan.distributed:
+        return DeviceVerdict(peak, capacity_bytes, overheads, reserved_not_replayed=MULTI_GPU_NOT_REPLAYED)
+    blocks = tuple(item.bytes for item in overheads.allocator_items)
+    usable = overheads.usable_capacity_bytes(capacity_bytes)
+    within = replayed_step(shape, single, blocks, capacity_bytes=max(usable, 0))
+    if isinstance(within, str):
+        return DeviceVerdict(peak, capacity_bytes, overheads, reserved_not_replayed=within)
+    if not within.out_of_memory:
+        return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=within.peak_reserved_bytes)
+    unbounded = replayed_step(shape, single, blocks)  # what it would reserve with room to spare
+    return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=unbounded.peak_reserved_bytes,
+                         replay_out_of_memory=True)
+
+
+def reserved_without_capacity(shape: ModelShape, result: Estimate | ParallelEstimate, gpu: GpuSpec | None,
+                              plan: ParallelPlan | None = None) -> int | str:
+    """The replayed reserved peak with room to spare (no GPU named: what max_memory_reserved
+    would read on a large one), or why there is none."""
+    single = result.base if isinstance(result, ParallelEstimate) else result
+    overheads = device_overheads(single.scenario.device, gpu, plan)
+    if overheads is None:
+        return "only CUDA has a caching allocator"
+    if plan is not None and plan.distributed:
+        return MULTI_GPU_NOT_REPLAYED
+    replayed = replayed_step(shape, single, tuple(item.bytes for item in overheads.allocator_items))
+    return replayed if isinstance(replayed, str) else replayed.peak_reserved_bytes
+
+
+FitsCheck = Callable[[ModelShape, Scenario, ParallelPlan | None], bool]
+
+
+def reserved_check(capacity_bytes: int, device: Device, gpu: GpuSpec | None) -> FitsCheck | None:
+    """For the fit searches, which find the largest plan whose live tensors fit the room the
+    overheads leave (planner.verdict.tensor_budget_bytes): whether the verdict, replayed,
+    passes it too. None on CPU, where the two are the same test."""
+    if device is not Device.CUDA:
+        return None
+
+    def passes(shape: ModelShape, scenario: Scenario, plan: ParallelPlan | None = None) -> bool:
+        if plan is not None and plan.distributed:
+            return True  # not replayed: the live-tensor test the search made is the verdict's
+        try:
+            result = estimate(shape, scenario)
+        except PlannerInputError:
+            return False
+        return plan_verdict(shape, result, capacity_bytes, gpu, plan).fits
+
+    return passes

@@ -1,0 +1,133 @@
+"""The verdict with the caching allocator replayed on the plan's own step (planner.device_fit),
+and the fit searches that must agree with it: a plan they propose is one the verdict passes.
+
+Cases use GPT-2, whose CUDA probe tables (with their allocation traces) ship with the catalog,
+so no probe runs here. The figures are the replay's (planner.cuda_allocator, written from
+CUDACachingAllocator.cpp), not yet compared with a GPU.
+"""
+
+import dataclasses
+import json
+
+import pytest
+
+from planner.cli import main as planner_main
+from planner.device_fit import MULTI_GPU_NOT_REPLAYED, plan_verdict, reserved_check
+from planner.estimate import estimate
+from planner.fit import fit_limits, max_batch_size
+from planner.gpus import gpu_spec
+from planner.loading import load_model_shape
+from planner.parallel import parallel_estimate
+from planner.scenario import Device, Task, scenario_from_values
+from planner.strategy import ParallelPlan, Strategy
+from planner.verdict import device_verdict, tensor_budget_bytes
+
+RTX_4090 = gpu_spec("rtx4090")
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return load_model_shape("gpt2", Task.CAUSAL_LM)
+
+
+def _plan(**overrides):
+    values = {"task": "causal-lm", "batch_size": 1, "seq_len": 1024, "device": "cuda", "precision": "bf16-mixed"}
+    return scenario_from_values(**(values | overrides))
+
+
+def test_a_plan_whose_live_tensors_fit_a_24_gb_card_but_whose_reserved_memory_does_not(gpt2):
+    """The largest batch whose live tensors (and torch's cuBLAS blocks) fit the RTX 4090's usable
+    capacity: the allocator, replayed within that capacity, runs out of memory even after
+    releasing its cache (fragmentation among the fp32 logits-sized blocks), so the verdict
+    says no, and the search stops lower, at a batch the verdict passes."""
+    capacity = RTX_4090.capacity_bytes
+    budget = tensor_budget_bytes(capacity, Device.CUDA, RTX_4090)
+    by_live_tensors = max_batch_size(gpt2, _plan(), budget)
+    result = estimate(gpt2, _plan(batch_size=by_live_tensors))
+    without_replay = device_verdict(result.peak_bytes, capacity, Device.CUDA, RTX_4090)
+    assert without_replay.fits  # what the verdict said before the replay
+
+    verdict = plan_verdict(gpt2, result, capacity, RTX_4090)
+    assert verdict.allocated_peak_bytes <= verdict.usable_capacity_bytes
+    assert verdict.replay_out_of_memory and not verdict.fits
+    assert verdict.reserved_peak_bytes > verdict.usable_capacity_bytes
+    assert verdict.headline.startswith("Does not fit: the reserved peak")
+    assert "runs out of memory even after releasing its cache" in verdict.caveat
+
+    check = reserved_check(capacity, Device.CUDA, RTX_4090)
+    searched = max_batch_size(gpt2, _plan(), budget, check=check)
+    assert searched is not None and searched < by_live_tensors
+    passed = plan_verdict(gpt2, estimate(gpt2, _plan(batch_size=searched)), capacity, RTX_4090)
+    assert passed.fits and not passed.replay_out_of_memory
+    assert passed.allocated_peak_bytes <= passed.reserved_peak_bytes <= passed.usable_capacity_bytes
+    assert not plan_verdict(gpt2, estimate(gpt2, _plan(batch_size=searched + 1)), capacity, RTX_4090).fits
+    assert fit_limits(gpt2, _plan(), budget, check=check).batch_size == searched
+
+
+def test_every_batch_the_search_passes_fits_and_the_next_does_not(gpt2):
+    """Across precisions and an accumulating plan, the searched largest batch is exactly where
+    the replayed verdict turns (the bisection assumes it turns once)."""
+    capacity = RTX_4090.capacity_bytes
+    budget = tensor_budget_bytes(capacity, Device.CUDA, RTX_4090)
+    check = reserved_check(capacity, Device.CUDA, RTX_4090)
+    for plan in (_plan(precision="fp32"), _plan(seq_len=512), _plan(grad_accum=2)):
+        found = max_batch_size(gpt2, plan, budget, check=check)
+        assert found is not None
+        assert plan_verdict(gpt2, estimate(gpt2, dataclasses.replace(plan, batch_size=found)), capacity,
+                            RTX_4090).fits
+        assert not plan_verdict(gpt2, estimate(gpt2, dataclasses.replace(plan, batch_size=found + 1)), capacity,
+                                RTX_4090).fits
+
+
+def test_what_is_not_replayed_says_why_and_keeps_the_allocated_test(gpt2):
+    capacity = RTX_4090.capacity_bytes
+    lora = _plan(finetune="lora", batch_size=4)
+    verdict = plan_verdict(gpt2, estimate(gpt2, lora), capacity, RTX_4090)
+    assert verdict.reserved_peak_bytes is None and "LoRA" in verdict.caveat
+    assert verdict.fits == (verdict.allocated_peak_bytes <= verdict.usable_capacity_bytes)
+
+    plan = ParallelPlan(2, Strategy.DDP)
+    shared = parallel_estimate(gpt2, _plan(batch_size=4), plan)
+    verdict = plan_verdict(gpt2, shared, capacity, RTX_4090, plan)
+    assert verdict.reserved_peak_bytes is None and MULTI_GPU_NOT_REPLAYED in verdict.caveat
+
+    on_cpu = plan_verdict(gpt2, estimate(gpt2, _plan(device="cpu")), capacity, None)
+    assert on_cpu.overheads is None and on_cpu.caveat is None
+    assert reserved_check(capacity, Device.CPU, None) is None
+
+
+def test_the_json_reports_the_replayed_reserved_peak_with_and_without_a_gpu(gpt2, capsys):
+    arguments = ["estimate", "--config", "gpt2", "--task", "causal-lm", "--batch-size", "4", "--seq-len", "1024",
+                 "--precision", "bf16-mixed", "--json"]
+    assert planner_main(arguments) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert planner_main([*arguments, "--gpu", "rtx4090"]) == 0
+    on_gpu = json.loads(capsys.readouterr().out)
+    assert "caveat" not in plain and "caveat" not in on_gpu
+    assert on_gpu["fits"] and on_gpu["required_bytes"] == on_gpu["reserved_peak_bytes"]
+    # The replay with room to spare and within the 4090's capacity agree when nothing is released.
+    assert plain["reserved_peak_bytes"] >= on_gpu["reserved_peak_bytes"] >= on_gpu["allocated_peak_bytes"]
+    assert on_gpu["margin_bytes"] == on_gpu["usable_capacity_bytes"] - on_gpu["reserved_peak_bytes"]
+
+
+@pytest.mark.parametrize("name,overrides", [
+    ("gpt2", {"precision": "bf16-mixed", "batch_size": 2}),
+    ("gpt2", {"precision": "fp32", "gradient_checkpointing": True, "batch_size": 4, "seq_len": 512}),
+    ("qwen2.5-0.5b", {"precision": "fp32", "batch_size": 3, "seq_len": 700}),
+    ("qwen2.5-0.5b", {"precision": "bf16-mixed", "batch_size": 1, "seq_len": 2048, "optimizer": "adamw8bit"}),
+])
+def test_micro_batches_after_the_third_add_no_reserved_memory(name, overrides):
+    """Why the replay stops at MICRO_BATCHES_REPLAYED micro-batches: replaying every one of 4, 8
+    and 16 gives the same allocated and reserved peaks as 3."""
+    from planner.probe.cache import probe_table
+    from planner.reserved import MICRO_BATCHES_REPLAYED, reserved_peak
+
+    shape = load_model_shape(name, Task.CAUSAL_LM)
+    peaks = set()
+    for steps in (MICRO_BATCHES_REPLAYED, 4, 8, 16):
+        scenario = _plan(**(overrides | {"grad_accum": steps}))
+        result = estimate(shape, scenario)
+        replayed = reserved_peak(shape, scenario, probe_table(shape, scenario),
+                                 step_temporaries_bytes=result.phases[-1].temporaries)
+        peaks.add((replayed.peak_allocated_bytes, replayed.peak_reserved_bytes))
+    assert len(peaks) == 1, peaks
