@@ -3,7 +3,8 @@ with a simulated (fake-tensor) run of the same scenario, measured in the same ru
 
 - Llama-2-7B shape, causal LM, 2048 tokens, on one 24 GB GPU (the A10 row: 23,028 MiB),
   for three targets: the largest batch, batch 1, effective batch 64 (accumulation 1..64):
-  every technique combination (4 optimizers x 3 precisions x checkpointing x accumulation),
+  every technique combination (full fine-tuning, LoRA and QLoRA x 4 optimizers x precisions x
+  checkpointing x accumulation),
   the risky ones (SGD, pure bf16) allowed so that every one is searched; "best plan" is
   the first by the finder's ranking (fewest and safest changes to AdamW fp32, then step time).
   Timed after the shape is loaded: the first search (it replays the caching allocator for
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner.catalog import catalog_config
 from planner.device_fit import reserved_check
+from planner.finetune import Method
 from planner.fit import FitTarget, find_fits, smallest_plan
 from planner.gpus import GPUS
 from planner.loading import load_model_shape
@@ -46,22 +48,31 @@ TARGETS = [("largest batch", FitTarget(SEQ)), ("batch 1", FitTarget(SEQ, batch_s
 
 
 def simulate(scenario) -> tuple[int, float]:
-    from runners.measure import measure_in_process
-    from runners.request import Mode
+    """The scenario's step simulated at full depth with the kernels its estimate takes: CUDA's
+    (planner.probe.fake_cuda, the probe's architecture) for a CUDA plan."""
+    from planner.probe.cache import probe_gpu
+    from runners.simulate_measure import simulate_step
 
     values = {"task": scenario.task.value, "batch_size": scenario.batch_size, "seq_len": scenario.seq_len,
               "optimizer": scenario.optimizer.value, "precision": scenario.precision.value,
               "gradient_checkpointing": scenario.checkpointing is Checkpointing.EVERY_LAYER,
               "grad_accum": scenario.grad_accum_steps, "attn": scenario.attention.value,
               "device": scenario.device.value}
+    method = scenario.finetune
+    if method.uses_adapters:  # the plan's LoRA / QLoRA, as the scenario keys write it
+        values |= {"finetune": method.method.value, "lora_r": method.lora_r, "lora_alpha": method.lora_alpha,
+                   "lora_dropout": method.lora_dropout, "lora_targets": method.targets_text,
+                   "quant_type": method.quant_type, "double_quant": method.double_quant}
     started = time.perf_counter()
-    result = measure_in_process(catalog_config(MODEL), MODEL, values, Mode.SIMULATE)
-    return result["measured"]["peak_bytes"], time.perf_counter() - started
+    measured = simulate_step(catalog_config(MODEL), values, gpu=probe_gpu(scenario))
+    return measured["peak_bytes"], time.perf_counter() - started
 
 
 def describe(s) -> str:
     ckpt = ", checkpointing" if s.checkpointing is Checkpointing.EVERY_LAYER else ""
-    return f"{s.optimizer.value}, {s.precision.value}{ckpt}, batch {s.batch_size} x accumulation {s.grad_accum_steps}"
+    method = "" if s.finetune.method is Method.FULL else f"{s.finetune.method.value} r{s.finetune.lora_r}, "
+    return (f"{method}{s.optimizer.value}, {s.precision.value}{ckpt}, batch {s.batch_size} x accumulation "
+            f"{s.grad_accum_steps}")
 
 
 def timed_searches(shape, base, gpu, num_devices: int = 1) -> list[tuple[str, int, int, float, float, float, object]]:

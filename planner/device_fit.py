@@ -51,20 +51,6 @@ def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacit
                          replay_out_of_memory=True)
 
 
-def reserved_without_capacity(shape: ModelShape, result: Estimate | ParallelEstimate, gpu: GpuSpec | None,
-                              plan: ParallelPlan | None = None) -> int | str:
-    """The replayed reserved peak with room to spare (no GPU named: what max_memory_reserved
-    would read on a large one), or why there is none."""
-    single = result.base if isinstance(result, ParallelEstimate) else result
-    overheads = device_overheads(single.scenario.device, gpu, plan)
-    if overheads is None:
-        return "only CUDA has a caching allocator"
-    if plan is not None and plan.distributed:
-        return MULTI_GPU_NOT_REPLAYED
-    replayed = replayed_step(shape, single, tuple(item.bytes for item in overheads.allocator_items))
-    return replayed if isinstance(replayed, str) else replayed.peak_reserved_bytes
-
-
 FitsCheck = Callable[[ModelShape, Scenario, ParallelPlan | None], bool]
 
 
