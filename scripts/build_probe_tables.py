@@ -33,7 +33,7 @@ from planner.loading import load_model_shape  # noqa: E402
 from planner.probe import cache  # noqa: E402
 from planner.scenario import scenario_from_values  # noqa: E402
 
-PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+PRECISIONS = ("fp32", "bf16-mixed", "bf16", "fp16-mixed")  # fp16-mixed: what a T4 (no bf16) searches
 STEP_OPTIMIZERS = ("adamw", "adamw8bit", "hf-adafactor", "sgd")
 BATCH_CLASSES = (2, 1)  # batch 1 is a technique class of its own (planner.probe.cache)
 DEVICES = ("cpu", "cuda")

@@ -180,7 +180,9 @@ def test_html_report_escapes_a_hostile_upload_name_and_fields(tmp_path):
         assert raw not in html, raw
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in html  # shown, escaped
     # The upload through the dashboard: its report page renders, downloads carry a safe name.
-    at = AppTest.from_file(str(APP), default_timeout=60).run()
+    # The upload is a config nobody has probed: its first pages probe its technique classes
+    # (the report's fit search most of them), minutes on a loaded 2-core machine with a cold cache.
+    at = AppTest.from_file(str(APP), default_timeout=240).run()
     at.radio(key="model_source").set_value("upload").run()
     at.file_uploader(key="config_upload").set_value((name, hostile_config(), "application/json")).run()
     at.switch_page("app_pages/report.py").run()
