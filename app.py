@@ -141,8 +141,13 @@ with st.sidebar:
                   help="BitsAndBytesConfig(bnb_4bit_use_double_quant=...): the quantisation constants quantised too")
 
     st.subheader("Hardware")
-    st.radio("Device kind", [d.value for d in Device], key="device", horizontal=True,
-             help="Activation memory differs by device (CPU dropout masks are fp32, CUDA's one byte).")
+    device_kind = st.radio("Device kind", [d.value for d in Device], key="device", horizontal=True,
+                           help="Activation memory differs by device (CPU dropout masks are fp32, CUDA's one byte).")
+    if device_kind == Device.CUDA.value:
+        st.toggle("Expandable segments", key="expandable_segments",
+                  help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the caching allocator grows one "
+                       "segment per pool instead of cudaMalloc-ing new ones, which changes the reserved memory "
+                       "the verdict replays (not the tensors).")
     preset = st.selectbox("GPU", list(GPU_PRESETS), key="gpu_preset")
     if preset == CUSTOM_GPU:
         st.number_input("GPU capacity (GiB)", min_value=0.01, max_value=MAXIMA["gpu_custom_gib"], step=1.0,

@@ -299,6 +299,8 @@ def planner_record(spec: dict, device: str, gpu: str | None) -> dict:
     from planner.cli import result_json
 
     values = {**spec["values"], "config": spec["model"], "device": device, "engine": spec["engine"]}
+    if device == "cuda" and spec["expandable_segments"]:  # the replay takes the run's PYTORCH_CUDA_ALLOC_CONF
+        values["cuda_alloc_conf"] = EXPANDABLE_ON
     if gpu is not None:
         values["gpu"] = gpu
     started = time.monotonic()

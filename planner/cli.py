@@ -105,6 +105,9 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="accelerate", choices=[e.value for e in Engine],
                         help="training loop: the lessons' Accelerate loop (default) or transformers' Trainer")
     parser.add_argument("--hub", action="store_true", help="allow fetching --config from the Hugging Face hub")
+    parser.add_argument("--cuda-alloc-conf", default=None,
+                        help="PYTORCH_CUDA_ALLOC_CONF the run will have, for the reserved memory the verdict "
+                             "replays: expandable_segments:True or expandable_segments:False (the default)")
     add_finetune_flags(parser)
 
 
@@ -161,6 +164,9 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default="fp32", choices=[p.value for p in Precision],
                         help="your plan's precision (default fp32)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="your plan checkpoints")
+    parser.add_argument("--cuda-alloc-conf", default=None,
+                        help="PYTORCH_CUDA_ALLOC_CONF the run will have, for the reserved memory the verdict "
+                             "replays: expandable_segments:True or expandable_segments:False (the default)")
     parser.add_argument("--strategy", default=Strategy.DDP.value, choices=[s.value for s in MULTI_DEVICE_STRATEGIES],
                         help="your plan's strategy with --num-devices > 1 (default ddp)")
     add_finetune_flags(parser)
@@ -252,7 +258,7 @@ def _shape_and_estimate(values: dict, base_dir: Path | None, allow_hub: bool) ->
     if "task" not in values:
         raise PlannerInputError("scenario has no 'task': use sequence-classification, causal-lm or masked-lm")
     known = {"id", "config", "task", "num_labels", "batch_size", "seq_len", "optimizer", "precision",
-             "gradient_checkpointing", "grad_accum", "attn", "device", "engine", "gpu",
+             "gradient_checkpointing", "grad_accum", "attn", "device", "engine", "gpu", "cuda_alloc_conf",
              *FINETUNE_KEYS, *PARALLEL_KEYS}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -278,7 +284,8 @@ def format_table(result: Estimate) -> str:
         (f"{s.task.value}, batch {s.batch_size} x {s.seq_len} tokens, {s.optimizer.value}, {s.precision.value}, "
          f"checkpointing {'on' if s.checkpointing is Checkpointing.EVERY_LAYER else 'off'}, "
          f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}, "
-         f"engine {s.engine.value}"),
+         f"engine {s.engine.value}"
+         + (f", PYTORCH_CUDA_ALLOC_CONF={s.cuda_segments.value}" if s.device is Device.CUDA else "")),
         "",
         f"{'category':<34}{'bytes':>18}  {'size (binary units)':>20}",
     ]
@@ -302,7 +309,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
               "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
               "attn": args.attn, "device": args.device, "engine": args.engine, "num_devices": args.num_devices,
               "strategy": args.strategy, "local_sgd_steps": args.local_sgd_steps, "gpu": args.gpu,
-              **finetune_values(args)}
+              "cuda_alloc_conf": args.cuda_alloc_conf, **finetune_values(args)}
     if args.gpu is not None:
         gpu_from_text(args.gpu)  # a bad --gpu is refused before anything is estimated
     if args.json:
@@ -488,7 +495,8 @@ def _run_fit(args: argparse.Namespace) -> int:
     base = scenario_from_values(task=args.task, batch_size=batch or 1, seq_len=args.seq_len, attn=args.attn,
                                 device=args.device, num_labels=args.num_labels, engine=args.engine,
                                 optimizer=args.optimizer, precision=args.precision,
-                                gradient_checkpointing=args.gradient_checkpointing, **finetune_values(args))
+                                gradient_checkpointing=args.gradient_checkpointing,
+                                cuda_alloc_conf=args.cuda_alloc_conf, **finetune_values(args))
     target = FitTarget(seq_len=base.seq_len, batch_size=batch,
                        effective_batch=None if args.effective_batch is None
                        else as_int(args.effective_batch, "effective batch"))

@@ -20,7 +20,7 @@ from planner.gpus import GpuSpec
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate
 from planner.reserved import replayed_step
-from planner.scenario import Device, Scenario
+from planner.scenario import CudaSegments, Device, Scenario
 from planner.strategy import ParallelPlan
 from planner.verdict import DeviceVerdict, device_overheads
 
@@ -44,11 +44,13 @@ def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacit
     within = replayed_step(shape, single, blocks, capacity_bytes=max(usable, 0))
     if isinstance(within, str):
         return DeviceVerdict(peak, capacity_bytes, overheads, reserved_not_replayed=within)
+    expandable = single.scenario.cuda_segments is CudaSegments.EXPANDABLE
     if not within.out_of_memory:
-        return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=within.peak_reserved_bytes)
+        return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=within.peak_reserved_bytes,
+                             expandable_segments=expandable)
     unbounded = replayed_step(shape, single, blocks)  # what it would reserve with room to spare
     return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=unbounded.peak_reserved_bytes,
-                         replay_out_of_memory=True)
+                         replay_out_of_memory=True, expandable_segments=expandable)
 
 
 FitsCheck = Callable[[ModelShape, Scenario, ParallelPlan | None], bool]

@@ -111,6 +111,7 @@ class Estimate:
                 "gradient_checkpointing": s.checkpointing is Checkpointing.EVERY_LAYER,
                 "grad_accum": s.grad_accum_steps, "attn": s.attention.value, "device": s.device.value,
                 "engine": s.engine.value, **_finetune_json(s),
+                **({"cuda_alloc_conf": s.cuda_segments.value} if s.device is Device.CUDA else {}),
             },
             "trainable_parameters": self.num_parameters if self.trainable_parameters is None
             else self.trainable_parameters,
@@ -253,11 +254,21 @@ def _adapter_step_bytes(trainable: tuple[tuple[str, tuple[int, ...], int], ...],
     return optimizer_step_transient_bytes(compute_parameter_stats(params), scenario.optimizer, dtype, Device.CUDA)
 
 
-def _adapter_states(shape: ModelShape, scenario: Scenario):
-    """(weights, gradients, optimizer state, trainable parameters, frozen weight bytes, the
-    AdapterCount they come from) of LoRA:
-    the frozen base and the adapters as PEFT builds them, gradients and state for the
-    trainable tensors only (planner.adapters)."""
+@dataclass(frozen=True)
+class AdapterTensors:
+    """The tensors a LoRA or QLoRA model holds on its device, as PEFT, transformers and
+    bitsandbytes make them (planner.adapters): the bytes of each stored tensor, and the
+    trainable ones (name, shape, bytes per element), whose gradients and state are the
+    only ones."""
+
+    stored_bytes: tuple[int, ...]  # every parameter's storage and QLoRA's quantisation state, buffers last
+    trainable: tuple[tuple[str, tuple[int, ...], int], ...]
+    parameter_bytes: int  # every parameter's elements at their size (PEFT's count; QLoRA's packed bytes)
+    count: object  # the planner.adapters.AdapterCount they come from
+
+
+def adapter_tensors(shape: ModelShape, scenario: Scenario) -> AdapterTensors:
+    """LoRA's and QLoRA's stored tensors for `scenario` (its method must use adapters)."""
     from planner.adapters import adapter_count, quantized_base
 
     if shape.source_config is None:
@@ -266,9 +277,8 @@ def _adapter_states(shape: ModelShape, scenario: Scenario):
     # QLoRA: prepare_model_for_kbit_training casts every float parameter to fp32, adapters included.
     dtype = "bfloat16" if scenario.precision is Precision.BF16 and not qlora else "float32"
     count = adapter_count(shape.source_config, scenario.task, scenario.num_labels, scenario.finetune, dtype)
-    on_device = allocation(scenario.device)  # each tensor in 512-byte blocks on CUDA
     parameters = count.all_bytes
-    weights = sum(on_device(n) for n in count.parameter_bytes)
+    stored = list(count.parameter_bytes)
     if qlora:
         base = quantized_base(shape.source_config, scenario.task, scenario.num_labels, scenario.finetune.double_quant,
                               scenario.finetune.quant_type)
@@ -276,13 +286,26 @@ def _adapter_states(shape: ModelShape, scenario: Scenario):
         compute_bytes = 4 if scenario.precision is Precision.FP32 else 2
         parameters = (base.quantized_bytes + 4 * (base.unquantized_elements - base.quantized_bias_elements)
                       + compute_bytes * base.quantized_bias_elements + count.trainable_bytes)
-        weights = (sum(on_device(n) for n in base.stored_tensors)
-                   + sum(on_device(n * (compute_bytes if is_bias else 4)) for n, is_bias in base.unquantized_tensors)
-                   + sum(on_device(math.prod(dims) * size) for _, dims, size in count.trainable))
-    weights += on_device(shape.float_buffer_elements * 4) + on_device(shape.other_buffer_bytes)
+        stored = (list(base.stored_tensors)
+                  + [n * (compute_bytes if is_bias else 4) for n, is_bias in base.unquantized_tensors]
+                  + [math.prod(dims) * size for _, dims, size in count.trainable])
+    stored += [shape.float_buffer_elements * 4, shape.other_buffer_bytes]
+    return AdapterTensors(tuple(stored), count.trainable, parameters, count)
+
+
+def _adapter_states(shape: ModelShape, scenario: Scenario):
+    """(weights, gradients, optimizer state, trainable parameters, frozen weight bytes, the
+    AdapterCount they come from) of LoRA:
+    the frozen base and the adapters as PEFT builds them, gradients and state for the
+    trainable tensors only (planner.adapters)."""
+    tensors = adapter_tensors(shape, scenario)
+    count = tensors.count
+    on_device = allocation(scenario.device)  # each tensor in 512-byte blocks on CUDA
+    weights = sum(on_device(n) for n in tensors.stored_bytes)
     gradients = sum(on_device(math.prod(dims) * size) for _, dims, size in count.trainable)
     state = tensor_state_bytes(count.trainable, scenario.optimizer, scenario.device, scenario.engine)
-    return weights, gradients, state, count.trainable_parameters, parameters - count.trainable_bytes, count
+    return (weights, gradients, state, count.trainable_parameters, tensors.parameter_bytes - count.trainable_bytes,
+            count)
 
 
 def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:

@@ -1,14 +1,18 @@
 """The steady-state training run as the caching allocator sees it, and its replay: what
 `torch.cuda.max_memory_reserved` would read (planner.cuda_allocator).
 
-`training_events(shape, scenario, table)` gives `(prefix, step)`:
-- prefix: what is allocated before the steady state and stays, in this order: one
-  allocation per real parameter tensor (`shape.params`, tied weights once, in order; bytes
-  per element for the precision, planner.optimizer_state), the registered buffers (one
-  allocation for the floating ones, one for the rest: ModelShape keeps only their
-  totals), the optimizer's state tensors per parameter tensor (as planner.optimizer_state
-  counts them: their sum is `optimizer_state_bytes`), then what the step finds alive at its
-  start (the lessons' loop: the previous step's last outputs).
+`training_events(shape, scenario, table)` gives `(prefix, step)`, so that
+`replay(step, prefix=prefix, repeats=2)` is a run's first three steps, the third measured
+(runners' default: step 1 builds the optimizer state, the last step is measured):
+- prefix: the model, then the first step. The model: one allocation per real parameter
+  tensor (`shape.params`, tied weights once, in order; bytes per element for the
+  precision, planner.optimizer_state), the registered buffers (one allocation for the
+  floating ones, one for the rest: ModelShape keeps only their totals), torch's own blocks
+  (cuBLAS workspaces). The first step is a step (below) that starts without the previous
+  step's outputs and makes the optimizer's state tensors (as planner.optimizer_state counts
+  them: their sum is `optimizer_state_bytes`) in its `optimizer.step()`, before the update:
+  optimizers create state lazily (torch's `_init_group`, bitsandbytes' `init_state`), when
+  backward has freed the activations, so state can take blocks the activations left cached.
 - step: the K micro-batches (planner.probe.trace), the optimizer step's temporaries, then
   zero_grad(set_to_none=True) freeing every gradient, and what the recorded loop kept alive
   with its batches (planner.probe.trace), let go as a real loop drops its batch.
@@ -27,9 +31,14 @@ with the carried keys' parities swapped (the same events, so the same peaks).
 
 Known limitations: the optimizer step is one allocation of its probed temporaries' size
 (planner.probe.cache.probed_step_temporaries holds a byte count, not its allocations),
-freed at the end of the step; optimizer state is allocated in the prefix, where a real run
-creates it lazily in its first step (the first step's layout may differ from this one's);
-buffers are two allocations; LoRA is not modelled; the trace is the probe's (CUDA's
+freed at the end of the step; the first step makes every state tensor before that
+allocation, where bitsandbytes and transformers' Adafactor make each tensor's state just
+before its own update (interleaved with the update's temporaries); buffers are two
+allocations; with LoRA and QLoRA the stored tensors are allocated in PEFT's parameter order
+(QLoRA: the 4-bit weights' tensors, then the others, then the adapters), and loading's own
+transient copies are not replayed (a QLoRA load quantises each weight on the GPU from a
+16-bit copy, and prepare_model_for_kbit_training re-casts the norms and embeddings to fp32,
+both of which can leave cached blocks behind); the trace is the probe's (CUDA's
 kernels on fake tensors for a CUDA plan, planner.probe.fake_cuda), for one device and one
 stream.
 """
@@ -45,7 +54,7 @@ from planner.cuda_allocator import FREE, ReplayResult, replay
 from planner.model_shape import ModelShape
 from planner.probe.table import ProbeTable
 from planner.probe.trace import TraceError, expand
-from planner.scenario import Device, Optimizer, Scenario
+from planner.scenario import CudaSegments, Device, Optimizer, Scenario
 
 Event = tuple[Hashable, int]
 
@@ -82,22 +91,46 @@ def state_tensor_bytes(shape: tuple[int, ...], optimizer: Optimizer, param_bytes
 
 
 def model_prefix(shape: ModelShape, scenario: Scenario, allocator_blocks: tuple[int, ...] = ()) -> list[Event]:
-    """Parameters, buffers and optimizer state, allocated once before the steady state.
+    """Parameters and buffers, allocated once before the first step, then
     `allocator_blocks`: torch's own persistent blocks (the cuBLAS workspaces,
-    planner.cuda_overheads), made at the first matmul: after the weights, before the state,
-    which the first optimizer step creates."""
-    element = counts.parameter_bytes_per_element(scenario.precision)
-    events: list[Event] = [(("param", i), p.numel * element) for i, p in enumerate(shape.params)]
-    if shape.float_buffer_elements:
-        events.append((("buffers", "float"), shape.float_buffer_elements * 4))
-    if shape.other_buffer_bytes:
-        events.append((("buffers", "other"), shape.other_buffer_bytes))
+    planner.cuda_overheads), made at the first matmul, after the weights. With LoRA or
+    QLoRA, every tensor the wrapped model stores (planner.estimate.adapter_tensors)."""
+    if scenario.finetune.uses_adapters:
+        from planner.estimate import adapter_tensors
+
+        stored = adapter_tensors(shape, scenario).stored_bytes
+        events: list[Event] = [(("param", i), n) for i, n in enumerate(stored) if n]
+    else:
+        element = counts.parameter_bytes_per_element(scenario.precision)
+        events = [(("param", i), p.numel * element) for i, p in enumerate(shape.params)]
+        if shape.float_buffer_elements:
+            events.append((("buffers", "float"), shape.float_buffer_elements * 4))
+        if shape.other_buffer_bytes:
+            events.append((("buffers", "other"), shape.other_buffer_bytes))
     events += [(("allocator-block", i), nbytes) for i, nbytes in enumerate(allocator_blocks)]
+    return events
+
+
+def state_events(shape: ModelShape, scenario: Scenario) -> list[Event]:
+    """The optimizer's state tensors, per trained parameter tensor in order (as
+    planner.optimizer_state counts them: their sum is `optimizer_state_bytes`), then
+    bitsandbytes' quantile maps. A real run makes them in its first `optimizer.step()`
+    (torch's `_init_group`, bitsandbytes' `init_state`), after that step's backward has freed
+    the activations. With LoRA or QLoRA, the adapters' (and trained heads') only."""
     fp32_embeddings = counts.trainer_keeps_embeddings_in_32_bit(scenario.optimizer, scenario.engine)
+    if scenario.finetune.uses_adapters:
+        from planner.estimate import adapter_tensors
+
+        # (shape, bytes per element, kept in 32 bits): as planner.estimate counts LoRA's state
+        trained = [(dims, size, False) for _, dims, size in adapter_tensors(shape, scenario).trainable]
+    else:
+        element = counts.parameter_bytes_per_element(scenario.precision)
+        trained = [(p.shape, element, fp32_embeddings and p.name in shape.embedding_param_names)
+                   for p in shape.params]
+    events: list[Event] = []
     quantised = False
-    for i, p in enumerate(shape.params):
-        in_32_bit = fp32_embeddings and p.name in shape.embedding_param_names
-        sizes = state_tensor_bytes(p.shape, scenario.optimizer, element, scenario.device, in_32_bit)
+    for i, (dims, element, in_32_bit) in enumerate(trained):
+        sizes = state_tensor_bytes(dims, scenario.optimizer, element, scenario.device, in_32_bit)
         quantised |= len(sizes) == 4
         events += [(("state", i, n), nbytes) for n, nbytes in enumerate(sizes)]
     if quantised:  # bitsandbytes' two quantile maps, shared by every 8-bit tensor
@@ -125,8 +158,6 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
     """(prefix, step) for `replay(step, prefix=prefix, repeats=2)` (see the module docstring).
     `step_temporaries_bytes`: the optimizer step's temporaries; None probes them
     (planner.probe.cache.probed_step_temporaries)."""
-    if scenario.finetune.uses_adapters:
-        raise ValueError("the allocator replay does not model LoRA's frozen base and adapters yet")
     if step_temporaries_bytes is None:
         from planner.probe.cache import probed_step_temporaries
 
@@ -155,19 +186,26 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
         carried_out.insert(0, candidates.pop(match))
     dropped = candidates
 
-    def one_step(parity_in: int, parity_out: int) -> list[Event]:
-        names = {old: ("carry", parity_in, j) for j, old in enumerate(carried_in)}
+    def one_step(parity_in: int | None, parity_out: int) -> list[Event]:
+        """A step whose carried-in outputs are keyed by `parity_in` (None: the first step, which
+        starts with none and makes the optimizer state before its update)."""
+        names = {} if parity_in is None else {old: ("carry", parity_in, j) for j, old in enumerate(carried_in)}
         names.update({new: ("carry", parity_out, j) for j, new in enumerate(carried_out)})
-        events = [(names.get(key, key), nbytes) for key, nbytes in expansion.events[expansion.initial_count:]]
+        events = [(names.get(key, key), nbytes) for key, nbytes in expansion.events[expansion.initial_count:]
+                  if parity_in is not None or key not in carried_in]
+        if parity_in is None:
+            events += state_events(shape, scenario)
         events += [(("optimizer-step",), step_temporaries_bytes), (("optimizer-step",), FREE)]
         # zero_grad(set_to_none=True)
         events += [(key, FREE) for key, index in expansion.live_at_end if index in gradients]
         events += [(key, FREE) for key in dropped]
         return events
 
-    carried_names = {old: ("carry", 0, j) for j, old in enumerate(carried_in)}
-    prefix = (model_prefix(shape, scenario, allocator_blocks)
-              + [(carried_names.get(key, key), sizes[key]) for key in initial_keys])
+    # What is alive at the start of every step but the carried-in outputs (the recorded loop's
+    # batch-kept tensors, which a step's frees match), then the first step.
+    carried_in_set = set(carried_in)
+    warm_up = [(key, sizes[key]) for key in initial_keys if key not in carried_in_set]
+    prefix = model_prefix(shape, scenario, allocator_blocks) + warm_up + one_step(None, 0)
     # Which form a step takes, and that its keys are sound, follows from the table and the
     # micro-batches alone (the prefix's own keys are distinct by construction): checked once.
     form_key = (table.key, scenario.grad_accum_steps)
@@ -219,12 +257,13 @@ MICRO_BATCHES_REPLAYED = 3
 def replayed_step(shape: ModelShape, result, allocator_blocks: tuple[int, ...],
                   capacity_bytes: int | None = None) -> ReplayResult | str:
     """The steady-state step of the estimate `result` (planner.estimate.Estimate, on CUDA)
-    replayed through the caching allocator, with torch's own `allocator_blocks` and, when
+    replayed through the caching allocator (with expandable segments when the scenario's
+    PYTORCH_CUDA_ALLOC_CONF asks for them), with torch's own `allocator_blocks` and, when
     given, the memory the allocator may take (`capacity_bytes`: it then releases its cache
     and retries before an out-of-memory error, as a real one does), with at most
     MICRO_BATCHES_REPLAYED micro-batches; or why it cannot be:
     the replay needs the step's allocation trace, which only a probe on CUDA's kernels
-    keeps, for full fine-tuning (LoRA's frozen base and adapters are not modelled here)."""
+    keeps."""
     from planner.estimate import Confidence
     from planner.probe.cache import config_digest, probe_table
 
@@ -233,8 +272,6 @@ def replayed_step(shape: ModelShape, result, allocator_blocks: tuple[int, ...],
         scenario = dataclasses.replace(scenario, grad_accum_steps=MICRO_BATCHES_REPLAYED)
     if scenario.device is not Device.CUDA:
         return "only CUDA has a caching allocator"
-    if scenario.finetune.uses_adapters:
-        return "the replay does not model LoRA's frozen base and adapters yet"
     if result.confidence is not Confidence.PROBED:
         return "the step was not probed on CUDA's kernels (the family recipe stands in), so there is no " \
                "allocation trace to replay"
@@ -249,7 +286,8 @@ def replayed_step(shape: ModelShape, result, allocator_blocks: tuple[int, ...],
         step = result.phases[-1].temporaries  # the optimizer step's, as the estimate counts them
         try:
             found = reserved_peak(shape, scenario, table, step_temporaries_bytes=step,
-                                  allocator_blocks=allocator_blocks, capacity_bytes=capacity_bytes)
+                                  allocator_blocks=allocator_blocks, capacity_bytes=capacity_bytes,
+                                  expandable_segments=scenario.cuda_segments is CudaSegments.EXPANDABLE)
         except TraceError as error:
             found = f"the step's trace cannot be replayed ({error})"
     if len(_REPLAYS) >= _REPLAYS_KEPT:

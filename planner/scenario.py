@@ -80,6 +80,56 @@ class Device(enum.Enum):
     CUDA = "cuda"
 
 
+class CudaSegments(enum.Enum):
+    """How PyTorch's CUDA caching allocator reserves memory, as PYTORCH_CUDA_ALLOC_CONF sets
+    it (the value is that setting). It decides the reserved peak the verdict replays
+    (planner.cuda_allocator), never the live tensors."""
+
+    CUDA_MALLOC = "expandable_segments:False"  # the default: one cudaMalloc per segment, never merged
+    EXPANDABLE = "expandable_segments:True"  # one segment per pool that grows by mapping pages
+
+
+# PYTORCH_CUDA_ALLOC_CONF's other options (c10/core/AllocatorConfig.cpp, c10/cuda/CUDAAllocatorConfig.cpp): real
+# settings the allocator replay does not model, so a plan with one is refused, not guessed.
+_UNMODELLED_ALLOC_OPTIONS = ("max_split_size_mb", "max_non_split_rounding_mb", "garbage_collection_threshold",
+                             "roundup_power2_divisions", "release_lock_on_cudamalloc", "per_process_memory_fraction",
+                             "graph_capture_record_stream_reuse", "pinned_use_cuda_host_register",
+                             "pinned_num_register_threads", "pinned_use_background_threads",
+                             "pinned_reserve_segment_size_mb")
+MAX_ALLOC_CONF_CHARS = 200
+
+
+def parse_cuda_alloc_conf(value: object) -> CudaSegments:
+    """The segment mode a PYTORCH_CUDA_ALLOC_CONF string sets ("" or None: the default), or a
+    one-line error for an option the replay does not model or that torch would refuse."""
+    if isinstance(value, CudaSegments):
+        return value
+    if value is None:
+        return CudaSegments.CUDA_MALLOC
+    if not isinstance(value, str) or len(value) > MAX_ALLOC_CONF_CHARS or not value.isprintable():
+        raise PlannerInputError(f"cuda_alloc_conf must be a PYTORCH_CUDA_ALLOC_CONF string such as "
+                                f"'expandable_segments:True', got {str(value)[:40]!r}")
+    segments = CudaSegments.CUDA_MALLOC
+    for option in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, setting = (text.strip() for text in option.partition(":"))
+        if not sep:
+            raise PlannerInputError(f"PYTORCH_CUDA_ALLOC_CONF option {option[:40]!r} has no value: write it as "
+                                    "'name:value', e.g. 'expandable_segments:True'")
+        if name == "expandable_segments":
+            if setting not in ("True", "False"):  # torch accepts exactly these two
+                raise PlannerInputError(f"expandable_segments takes True or False, got {setting[:40]!r}")
+            segments = CudaSegments.EXPANDABLE if setting == "True" else CudaSegments.CUDA_MALLOC
+        elif name == "backend" and setting == "native":
+            continue  # the caching allocator, which is the default
+        elif name == "backend" or name in _UNMODELLED_ALLOC_OPTIONS:
+            raise PlannerInputError(f"PYTORCH_CUDA_ALLOC_CONF option '{option[:60]}' is not modelled by the "
+                                    "planner's allocator replay (only expandable_segments is): leave it out")
+        else:
+            raise PlannerInputError(f"unknown PYTORCH_CUDA_ALLOC_CONF option {name[:40]!r}: the planner takes "
+                                    "expandable_segments:True or expandable_segments:False")
+    return segments
+
+
 def parse_enum(kind: type[enum.Enum], value: str, what: str) -> enum.Enum:
     """Enum member from its user-facing value, or a one-line error listing the choices."""
     if isinstance(value, kind):
@@ -127,6 +177,7 @@ class Scenario:
     num_labels: int = 2  # only read for sequence classification
     engine: Engine = Engine.ACCELERATE
     finetune: FineTune = FineTune()  # full fine-tuning, or LoRA / QLoRA adapters (planner.finetune)
+    cuda_segments: CudaSegments = CudaSegments.CUDA_MALLOC  # PYTORCH_CUDA_ALLOC_CONF; read on CUDA only
 
     def __post_init__(self) -> None:
         _positive_int(self.batch_size, "batch size")
@@ -143,7 +194,7 @@ class Scenario:
                                         "beyond any real training step")
         for name, kind in (("task", Task), ("optimizer", Optimizer), ("precision", Precision),
                            ("checkpointing", Checkpointing), ("attention", Attention), ("device", Device),
-                           ("engine", Engine)):
+                           ("engine", Engine), ("cuda_segments", CudaSegments)):
             if not isinstance(getattr(self, name), kind):
                 raise PlannerInputError(f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
         if not isinstance(self.finetune, FineTune):
@@ -217,6 +268,7 @@ def scenario_from_values(
     lora_targets: str = ALL_LINEAR,
     quant_type: str = "nf4",
     double_quant: object = True,
+    cuda_alloc_conf: object = None,
 ) -> Scenario:
     """Scenario from user-facing names (CLI flags, JSONL keys, dashboard widgets)."""
     method = finetune_from_values(
@@ -224,6 +276,11 @@ def scenario_from_values(
         lora_alpha=None if lora_alpha is None else _as_number(lora_alpha, "LoRA alpha"),
         lora_dropout=_as_number(lora_dropout, "LoRA dropout"), lora_targets=lora_targets,
         quant_type=str(quant_type), double_quant=_as_bool(double_quant, "double_quant"))
+    segments = parse_cuda_alloc_conf(cuda_alloc_conf)
+    chosen_device = parse_enum(Device, device, "device")
+    if segments is not CudaSegments.CUDA_MALLOC and chosen_device is not Device.CUDA:
+        raise PlannerInputError("PYTORCH_CUDA_ALLOC_CONF (cuda_alloc_conf) sets CUDA's caching allocator: "
+                                "plan on --device cuda, or leave it out")
     return Scenario(
         task=parse_enum(Task, task, "task"),
         batch_size=_as_int(batch_size, "batch size"),
@@ -235,8 +292,9 @@ def scenario_from_values(
         else Checkpointing.NONE,
         grad_accum_steps=_as_int(grad_accum, "gradient accumulation steps"),
         attention=parse_enum(Attention, attn, "attention implementation"),
-        device=parse_enum(Device, device, "device"),
+        device=chosen_device,
         num_labels=_as_int(num_labels, "number of labels"),
         engine=parse_enum(Engine, engine, "engine"),
         finetune=method,
+        cuda_segments=segments,
     )

@@ -43,6 +43,7 @@ class DeviceVerdict:
     reserved_peak_bytes: int | None = None  # the allocator replay's max_memory_reserved; None: not replayed
     reserved_not_replayed: str | None = None  # why there is no replay, in words (None: the general reason)
     replay_out_of_memory: bool = False  # the replay, given the usable capacity, ran out of memory
+    expandable_segments: bool = False  # the replay's PYTORCH_CUDA_ALLOC_CONF (planner.scenario.CudaSegments)
 
     def __post_init__(self) -> None:
         if self.peak_bytes < 0 or self.capacity_bytes <= 0:
@@ -119,7 +120,9 @@ class DeviceVerdict:
                      for item in self.overheads.allocator_items]
             rows.append(("Allocated peak", self.allocated_peak_bytes, "live tensors + torch's allocator blocks"))
             rows.append(("Reserved peak", self.reserved_peak_bytes, self.caveat or (
-                "the caching allocator replayed on the step's allocations, within the usable capacity")))
+                "the caching allocator replayed on the step's allocations"
+                + (" with expandable segments" if self.expandable_segments else "")
+                + ", within the usable capacity")))
             rows += [(item.name, item.bytes, f"outside the allocator; {item.kind.value}: {item.source}")
                      for item in self.overheads.items]
         rows += [("Capacity (driver's total)", self.capacity_bytes, "nvidia-smi memory.total"),

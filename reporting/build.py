@@ -30,7 +30,7 @@ from planner.fit import FitLimits, fit_limits
 from planner.gpus import GPUS, GpuSpec, capacity_bytes_from_gib
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
-from planner.scenario import as_int, scenario_from_values
+from planner.scenario import Device, as_int, scenario_from_values
 from planner.strategy import MAX_DEVICES, ParallelPlan, Strategy, parse_strategy
 from planner.units import format_bytes
 from planner.verdict import (
@@ -74,7 +74,7 @@ from views.verify_results import history_table, scatter_points
 
 FORMATS = ("html", "md", "csv", "json")
 SCENARIO_KEYS = ("task", "num_labels", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
-                 "grad_accum", "attn", "device", "engine", *FINETUNE_KEYS)
+                 "grad_accum", "attn", "device", "engine", "cuda_alloc_conf", *FINETUNE_KEYS)
 
 
 @dataclass(frozen=True)
@@ -261,7 +261,8 @@ def _summary_lines(report: Report) -> list[str]:
         *_adapter_lines(report.estimate),
         f"GPU: {report.gpu_label} × {report.gpu_count} ({format_bytes(report.capacity_bytes)} each; "
         + (f"{report.per_device.plan.strategy.value}, " if report.per_device is not None else "")
-        + "the plan is per GPU)",
+        + "the plan is per GPU"
+        + (f"; PYTORCH_CUDA_ALLOC_CONF={s.cuda_segments.value}" if s.device is Device.CUDA else "") + ")",
         verdict.headline,
         *_overhead_lines(verdict),
         (f"Peak phase: {report.estimate.peak_phase.value}: {report.estimate.peak_reason}."
@@ -287,8 +288,9 @@ def _overhead_lines(verdict: DeviceVerdict) -> list[str]:
     """On CUDA: allocated against reserved, and each overhead with its source."""
     if verdict.overheads is None:
         return []
-    reserved = (format_bytes(verdict.reserved_peak_bytes) if verdict.reserved_peak_bytes is not None
-                else f"not replayed ({verdict.caveat})")
+    reserved = (format_bytes(verdict.reserved_peak_bytes)
+                + (" (the allocator replayed with expandable segments)" if verdict.expandable_segments else "")
+                if verdict.reserved_peak_bytes is not None else f"not replayed ({verdict.caveat})")
     lines = [f"Allocated peak: {format_bytes(verdict.allocated_peak_bytes)} (live tensors "
              f"{format_bytes(verdict.peak_bytes)} + torch's allocator blocks {format_bytes(verdict.allocator_blocks_bytes)}); "
              f"reserved peak: {reserved}; usable capacity: {format_bytes(verdict.usable_capacity_bytes)}"]

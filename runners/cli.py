@@ -141,7 +141,7 @@ def _request_from_args(args: argparse.Namespace) -> VerifyRequest:
         scenario.update(finetune_values(args))
     return VerifyRequest(config=config, model_name=name, scenario=scenario, mode=Mode(args.mode),
                          engine=Engine(args.engine), steps=args.steps, local_sgd_steps=args.local_sgd_steps,
-                         seed=args.seed, inject_fault=args.inject_fault)
+                         seed=args.seed, inject_fault=args.inject_fault, cuda_alloc_conf=args.cuda_alloc_conf)
 
 
 class ProgressBar:

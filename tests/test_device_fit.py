@@ -18,6 +18,8 @@ from planner.fit import fit_limits, max_batch_size
 from planner.gpus import gpu_spec
 from planner.loading import load_model_shape
 from planner.parallel import parallel_estimate
+from planner.probe.cache import probe_table
+from planner.reserved import model_prefix, state_events, training_events
 from planner.scenario import Device, Task, scenario_from_values
 from planner.strategy import ParallelPlan, Strategy
 from planner.verdict import device_verdict, tensor_budget_bytes
@@ -79,13 +81,39 @@ def test_every_batch_the_search_passes_fits_and_the_next_does_not(gpt2):
                                 RTX_4090).fits
 
 
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_lora_and_qlora_are_replayed_on_what_peft_and_bitsandbytes_store(gpt2, method):
+    """The replay's model is the wrapped model's stored tensors (PEFT's parameters; under
+    QLoRA bitsandbytes' packed weights and quantisation state) and its state is the
+    trainable tensors' only: in 512-byte blocks they add up to the estimate's weights and
+    state, and the replayed step's live bytes reach the estimate's peak (saved tensors are
+    counted exactly there, in blocks here)."""
+    scenario = _plan(finetune=method, batch_size=4, seq_len=512, optimizer="adamw8bit")
+    result = estimate(gpt2, scenario)
+    blocks = lambda n: -(-n // 512) * 512
+    prefix, step = training_events(gpt2, scenario, probe_table(gpt2, scenario),
+                                   step_temporaries_bytes=result.phases[-1].temporaries)
+    model = [n for key, n in model_prefix(gpt2, scenario)]
+    assert sum(blocks(n) for n in model) == result.weights_bytes
+    assert sum(blocks(n) for _, n in state_events(gpt2, scenario)) == result.optimizer_state_bytes
+    live, peak, sizes = 0, 0, {}
+    for index, (key, nbytes) in enumerate(prefix + step + step):
+        if nbytes == -1:
+            live -= sizes.pop(key)
+        else:
+            sizes[key] = blocks(nbytes)
+            live += sizes[key]
+        if index >= len(prefix) + len(step):  # the measured (third) step
+            peak = max(peak, live)
+    assert 0 <= peak - result.peak_bytes < 512 * len(step)
+
+    verdict = plan_verdict(gpt2, result, RTX_4090.capacity_bytes, RTX_4090)
+    assert verdict.caveat is None and verdict.fits
+    assert verdict.allocated_peak_bytes <= verdict.reserved_peak_bytes <= verdict.usable_capacity_bytes
+
+
 def test_what_is_not_replayed_says_why_and_keeps_the_allocated_test(gpt2):
     capacity = RTX_4090.capacity_bytes
-    lora = _plan(finetune="lora", batch_size=4)
-    verdict = plan_verdict(gpt2, estimate(gpt2, lora), capacity, RTX_4090)
-    assert verdict.reserved_peak_bytes is None and "LoRA" in verdict.caveat
-    assert verdict.fits == (verdict.allocated_peak_bytes <= verdict.usable_capacity_bytes)
-
     plan = ParallelPlan(2, Strategy.DDP)
     shared = parallel_estimate(gpt2, _plan(batch_size=4), plan)
     verdict = plan_verdict(gpt2, shared, capacity, RTX_4090, plan)

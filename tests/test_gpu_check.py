@@ -218,3 +218,17 @@ def test_the_probes_cuda_branch_runs_on_a_stand_in(monkeypatch, capsys):
     assert {"workspace_main_thread_bytes", "workspace_lt_main_thread_bytes",
             "workspace_autograd_thread_bytes"} <= set(probe)
     assert {"transformers", "accelerate", "bitsandbytes", "cuda_version", "cudnn_version"} <= set(probe)
+
+
+def test_an_expandable_scenario_is_planned_with_expandable_segments():
+    """The run gets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, so the planner's reserved
+    figure it is compared with must replay the allocator with them too."""
+    from planner.cli import result_json
+
+    spec = next(s for s in gpu_check.SCENARIOS if s["expandable_segments"] and s["model"] == "gpt2")
+    planned = gpu_check.planner_record(spec, "cuda", "h100")
+    values = {**spec["values"], "config": spec["model"], "device": "cuda", "engine": spec["engine"], "gpu": "h100"}
+    expandable = result_json({**values, "cuda_alloc_conf": gpu_check.EXPANDABLE_ON}, base_dir=gpu_check.ROOT)
+    assert expandable["scenario"]["cuda_alloc_conf"] == gpu_check.EXPANDABLE_ON
+    assert planned["reserved_peak_bytes"] == expandable["reserved_peak_bytes"]
+    assert planned["reserved_peak_bytes"] != result_json(values, base_dir=gpu_check.ROOT)["reserved_peak_bytes"]

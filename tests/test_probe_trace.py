@@ -32,7 +32,7 @@ from planner.probe.run import PROBE_SIZES, Layout
 from planner.probe.solve import solve
 from planner.probe.table import ProbeTable
 from planner.probe.trace import TraceError, check_against_walk, expand, step_events
-from planner.reserved import model_prefix, reserved_peak, training_events
+from planner.reserved import model_prefix, reserved_peak, state_events, training_events
 from planner.scenario import (
     Device,
     Engine,
@@ -155,15 +155,35 @@ def test_the_prefix_holds_every_parameter_and_the_optimizers_state():
     prefix = model_prefix(shape, scenario)
     params = [n for key, n in prefix if key[0] == "param"]
     assert len(params) == len(shape.params) and sum(params) == 4 * shape.num_parameters
+    assert not [key for key, _ in prefix if key[0] == "state"]  # made in the first step, not with the model
     for optimizer in Optimizer:
         for device in Device:
             for precision in (Precision.FP32, Precision.BF16):
                 for engine in Engine:
                     s = dataclasses.replace(scenario, optimizer=optimizer, device=device, precision=precision,
                                             engine=engine)
-                    state = [n for key, n in model_prefix(shape, s) if key[0] == "state"]
+                    state = [n for key, n in state_events(shape, s) if key[0] == "state"]
                     rounded = sum(-(-n // 512) * 512 for n in state) if device is Device.CUDA else sum(state)
                     assert rounded == optimizer_state_bytes(shape, optimizer, precision, device, engine), optimizer
+
+
+def test_the_first_step_makes_the_state_after_backward_and_before_the_update():
+    """Optimizers create state lazily, in the first optimizer.step() (torch's _init_group): the
+    replay's first step allocates every state tensor after its last backward event, when the
+    activations are freed, and before the update's temporaries; it starts without a previous
+    step's outputs, which the lessons' loop has not made yet."""
+    shape, scenario, table, _ = probed("llama-x6-bf16-mixed-lessons")
+    prefix, step = training_events(shape, scenario, table)
+    keys = [key for key, _ in prefix]
+    first_state = next(i for i, key in enumerate(keys) if key[0] == "state")
+    update = keys.index(("optimizer-step",))
+    assert {key for key in keys[first_state:update]} == {key for key, _ in state_events(shape, scenario)}
+    assert not [key for key in keys[:first_state] if key[0] == "state"] and first_state < update
+    expansion = expand(table, scenario.batch_size, scenario.seq_len, scenario.grad_accum_steps)
+    last_backward = expansion.events[expansion.spans[-1].stop - 1]
+    assert max(i for i, key in enumerate(keys[:update]) if key == last_backward[0]) < first_state
+    assert not [key for key, n in prefix if key[0] == "carry" and n == FREE]
+    assert not [key for key, _ in step if key[0] == "state"]  # later steps reuse it
 
 
 def test_outputs_carried_over_are_the_next_steps_starting_tensors():

@@ -111,8 +111,8 @@ def test_cli_json_carries_the_verdict_keys():
     # A single-GPU plan probed on CUDA's kernels: the caching allocator is replayed (planner.device_fit).
     assert with_gpu["reserved_peak_bytes"] >= with_gpu["allocated_peak_bytes"] and "caveat" not in with_gpu
     assert with_gpu["required_bytes"] == with_gpu["reserved_peak_bytes"]
-    lora = run("--gpu", "h100", "--finetune", "lora")
-    assert lora["reserved_peak_bytes"] is None and "LoRA" in lora["caveat"]
+    lora = run("--gpu", "h100", "--finetune", "lora")  # replayed on the wrapped model's tensors
+    assert lora["reserved_peak_bytes"] >= lora["allocated_peak_bytes"] and "caveat" not in lora
     assert with_gpu["allocated_peak_bytes"] == with_gpu["peak_bytes"] + 2 * 32 * MIB  # Hopper: 32 MiB each
     without = run()
     assert without["usable_capacity_bytes"] is None and without["cuda_overhead_bytes"] == CONTEXT

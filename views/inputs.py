@@ -23,6 +23,7 @@ from planner.scenario import (
     MAX_NUM_LABELS,
     MAX_SEQ_LEN,
     Attention,
+    CudaSegments,
     Device,
     Optimizer,
     Precision,
@@ -207,6 +208,7 @@ class SidebarValues:
     lora_targets: str  # `all-linear` or comma-separated module names
     quant_type: str
     double_quant: bool
+    expandable_segments: bool  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (CUDA only)
 
     @classmethod
     def from_state(cls, state: Mapping) -> SidebarValues:
@@ -247,6 +249,7 @@ DEFAULTS: dict[str, object] = {
     "lora_targets": ALL_LINEAR,
     "quant_type": "nf4",
     "double_quant": True,
+    "expandable_segments": False,
 }
 assert set(FINETUNE_KEYS) <= set(DEFAULTS)
 
@@ -288,7 +291,16 @@ def scenario_for(values: SidebarValues) -> Scenario:
         device=values.device,
         num_labels=values.num_labels,
         **finetune_values(values),
+        **alloc_conf_values(values),
     )
+
+
+def alloc_conf_values(values: SidebarValues) -> dict:
+    """The sidebar's PYTORCH_CUDA_ALLOC_CONF as the planner takes it (`cuda_alloc_conf`), on
+    CUDA only: a CPU plan has no caching allocator, and the planner refuses the key there."""
+    if values.device != Device.CUDA.value or not values.expandable_segments:
+        return {}
+    return {"cuda_alloc_conf": CudaSegments.EXPANDABLE.value}
 
 
 def finetune_values(values: SidebarValues) -> dict:
@@ -352,5 +364,5 @@ def base_values(values: SidebarValues) -> dict:
         "task": values.task, "num_labels": values.num_labels, "batch_size": values.batch_size,
         "seq_len": values.seq_len, "optimizer": values.optimizer, "precision": values.precision,
         "gradient_checkpointing": values.gradient_checkpointing, "grad_accum": values.grad_accum,
-        "attn": values.attn, "device": values.device,
+        "attn": values.attn, "device": values.device, **alloc_conf_values(values),
     }

@@ -28,9 +28,13 @@ def measured_device(mode: str, cuda_available: bool) -> Device:
 
 
 def plan_request(config: dict, name: str, values: Mapping[str, object], mode: str, steps: int) -> VerifyRequest:
-    """The sidebar's plan as a verification request (PlannerInputError for bad values)."""
-    return VerifyRequest(config=config, model_name=name, scenario=dict(values), mode=Mode(mode),
-                         engine=Engine.ACCELERATE, steps=steps)
+    """The sidebar's plan as a verification request (PlannerInputError for bad values). Its
+    PYTORCH_CUDA_ALLOC_CONF (`cuda_alloc_conf`) becomes the run's environment, not a
+    scenario value: a run measured on the CPU has no caching allocator."""
+    scenario = dict(values)
+    alloc_conf = scenario.pop("cuda_alloc_conf", None)
+    return VerifyRequest(config=config, model_name=name, scenario=scenario, mode=Mode(mode),
+                         engine=Engine.ACCELERATE, steps=steps, cuda_alloc_conf=alloc_conf)
 
 
 def technique_requests(config: dict, name: str, base: Mapping[str, object], mode: str,
