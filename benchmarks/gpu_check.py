@@ -140,6 +140,13 @@ SCENARIOS = [
              "8-bit AdamW, bf16 autocast, checkpointing, expandable",
              dict(CAUSAL, optimizer="adamw8bit", precision="bf16-mixed", gradient_checkpointing=True),
              expandable=True),
+    # LoRA and QLoRA at PEFT's defaults (r 16, all-linear): the replay's wrapped model.
+    scenario("gpt2-lora-bf16", "gpt2", "LoRA r16 all-linear, AdamW, bf16 autocast",
+             dict(CAUSAL, optimizer="adamw", precision="bf16-mixed", finetune="lora")),
+    scenario("qwen2.5-qlora-paged8bit-ckpt-exp", "qwen2.5-0.5b",
+             "QLoRA nf4 (double quantisation), r16 all-linear, paged 8-bit AdamW, bf16, checkpointing, expandable",
+             dict(CAUSAL, optimizer="paged-adamw8bit", precision="bf16-mixed", gradient_checkpointing=True,
+                  finetune="qlora"), expandable=True),
 ]
 
 # The dry run: the same code path on CPU, tiny configs (tests/configs), both engines, both settings.
@@ -157,7 +164,7 @@ import torch
 out = {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
        "cuda_available": torch.cuda.is_available(), "cuda_version": torch.version.cuda}
 from importlib import metadata
-for package in ("transformers", "accelerate", "bitsandbytes"):  # installed versions, without importing them
+for package in ("transformers", "accelerate", "bitsandbytes", "peft"):  # installed versions, without importing them
     try:
         out[package] = metadata.version(package)
     except metadata.PackageNotFoundError:
@@ -397,10 +404,15 @@ BITSANDBYTES_OPTIMIZERS = ("adam8bit", "adamw8bit", "paged-adamw8bit")
 def missing_package(spec: dict, probe: dict) -> str | None:
     """Why the scenario cannot run in this environment (a package it needs is absent), or None:
     said at once, rather than after a child has started and failed."""
-    if spec["values"].get("optimizer") in BITSANDBYTES_OPTIMIZERS and probe.get("bitsandbytes") is None \
-            and "bitsandbytes" in probe:
-        return ("not run: bitsandbytes is not installed here (the 8-bit optimizers need it): install "
-                "bitsandbytes (requirements.txt), or carry its wheel, and run this scenario again with --only")
+    method = spec["values"].get("finetune", "full")
+    needs = [("bitsandbytes", "the 8-bit optimizers need it")] if spec["values"].get("optimizer") in \
+        BITSANDBYTES_OPTIMIZERS else []
+    needs += [("peft", "LoRA needs it")] if method in ("lora", "qlora") else []
+    needs += [("bitsandbytes", "QLoRA's 4-bit layers need it")] if method == "qlora" else []
+    for package, why in needs:
+        if package in probe and probe.get(package) is None:
+            return (f"not run: {package} is not installed here ({why}): install {package} (requirements.txt), "
+                    "or carry its wheel, and run this scenario again with --only")
     return None
 
 

@@ -3,11 +3,21 @@ replayed on the plan's own step where it can be (planner.reserved), and the same
 the fit searches, so that a plan they propose is one this verdict passes.
 
 The replay needs the step's allocation trace, which a probe on CUDA's kernels keeps
-(planner.probe.cache), of one GPU's step: it is run for single-GPU full fine-tuning plans
-on CUDA. It is given the usable capacity (the driver's total less what lives outside the
-allocator), so, as torch does, it releases cached blocks and retries before it runs out of
-memory; a plan fits when it never does. Elsewhere the verdict compares the allocated peak
-and says that the allocator's slack is not in it, and why.
+(planner.probe.cache), of one GPU's step: it is run for single-GPU plans on CUDA (full
+fine-tuning, LoRA, QLoRA) and for each rank of a DDP plan, local SGD included: a DDP rank
+runs the single-GPU step on its own micro-batch and holds DDP's gradient buckets besides
+(planner.parallel.ddp_buckets), allocated when the model is wrapped, after its weights and
+before the first matmul; gradients are copied into them (`gradient_as_bucket_view=False`),
+so the step's own allocations are the single GPU's. It is given the usable capacity (the
+driver's total less what lives outside the allocator), so, as torch does, it releases
+cached blocks and retries before it runs out of memory; a plan fits when it never does.
+Elsewhere (ZeRO and FSDP, whose ranks gather and free parameter shards per unit, which no
+single-GPU trace holds) the verdict compares the allocated peak and says that the
+allocator's slack is not in it, and why.
+
+Known limitations: DDP rebuilds its buckets in the order gradients first became ready, at
+the second step's forward (reducer.cpp `rebuild_buckets`); they are replayed as allocated
+once, in reverse parameter order, which is also the order the per-rank estimate counts.
 """
 
 from __future__ import annotations
@@ -18,14 +28,14 @@ from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.gpus import GpuSpec
 from planner.model_shape import ModelShape
-from planner.parallel import ParallelEstimate
+from planner.parallel import ParallelEstimate, parallel_estimate
 from planner.reserved import replayed_step
 from planner.scenario import CudaSegments, Device, Scenario
-from planner.strategy import ParallelPlan
+from planner.strategy import ParallelPlan, Strategy
 from planner.verdict import DeviceVerdict, device_overheads
 
-MULTI_GPU_NOT_REPLAYED = ("it is replayed for single-GPU plans only (a multi-GPU step's communication buffers "
-                          "and shards are not in the probe's trace)")
+MULTI_GPU_NOT_REPLAYED = ("it is replayed for single-GPU and DDP plans only (a sharded strategy's ranks gather "
+                          "and free parameter shards per unit, which the probe's single-GPU trace does not hold)")
 
 
 def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacity_bytes: int,
@@ -37,9 +47,10 @@ def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacit
     overheads = device_overheads(single.scenario.device, gpu, plan)
     if overheads is None:
         return DeviceVerdict(peak, capacity_bytes, None)
-    if plan is not None and plan.distributed:
+    if plan is not None and plan.distributed and plan.strategy is not Strategy.DDP:
         return DeviceVerdict(peak, capacity_bytes, overheads, reserved_not_replayed=MULTI_GPU_NOT_REPLAYED)
-    blocks = tuple(item.bytes for item in overheads.allocator_items)
+    buckets = result.ddp_bucket_bytes if isinstance(result, ParallelEstimate) else ()
+    blocks = tuple(buckets) + tuple(item.bytes for item in overheads.allocator_items)
     usable = overheads.usable_capacity_bytes(capacity_bytes)
     within = replayed_step(shape, single, blocks, capacity_bytes=max(usable, 0))
     if isinstance(within, str):
@@ -64,10 +75,12 @@ def reserved_check(capacity_bytes: int, device: Device, gpu: GpuSpec | None) -> 
         return None
 
     def passes(shape: ModelShape, scenario: Scenario, plan: ParallelPlan | None = None) -> bool:
-        if plan is not None and plan.distributed:
+        if plan is not None and plan.distributed and plan.strategy is not Strategy.DDP:
             return True  # not replayed: the live-tensor test the search made is the verdict's
         try:
             result = estimate(shape, scenario)
+            if plan is not None and plan.distributed:
+                result = parallel_estimate(shape, scenario, plan, base=result)
         except PlannerInputError:
             return False
         return plan_verdict(shape, result, capacity_bytes, gpu, plan).fits

@@ -9,10 +9,15 @@ CUDA's step is read from torch's code, planner.optimizer_step). Anything else is
 first use and cached per user.
 tests/test_probe_cache.py checks a shipped table against a fresh probe.
 
-Run: python scripts/build_probe_tables.py [--only NAME] [--device cpu|cuda] [--all] [--eager] (a few
-seconds per class: about an hour for the catalog on two cores). What is shipped beyond the default
-classes: `--all` for DistilBERT, GPT-2, Mistral-7B and Llama-2-7B (the dashboard's defaults and
-the fit finder's usual 7B models), `--eager` for DistilBERT and GPT-2, on CUDA.
+`--adapters` ships, instead, the LoRA and QLoRA classes that What fits' default search probes
+(LoRA and QLoRA at PEFT's defaults, on CUDA, on the GPUs of ADAPTER_SEARCH_GPUS): a first search
+otherwise probes up to 16 classes, minutes on two cores.
+
+Run: python scripts/build_probe_tables.py [--only NAME] [--device cpu|cuda] [--all] [--eager] [--adapters]
+(a few seconds per class: about an hour for the catalog on two cores). What is shipped beyond the
+default classes: `--all` for DistilBERT, GPT-2, Mistral-7B and Llama-2-7B (the dashboard's defaults
+and the fit finder's usual 7B models), `--eager` for DistilBERT and GPT-2, on CUDA, and `--adapters`
+for DistilBERT and GPT-2.
 """
 
 from __future__ import annotations
@@ -79,6 +84,39 @@ def ship(name: str, everything: bool, devices: tuple[str, ...] = DEVICES, eager:
     return written
 
 
+# What fits' default search (the sidebar's defaults: batch 8 x 512 tokens, AdamW, fp32) on a GPU
+# without bf16 (the default T4) and on one with it (adapters over a bf16 base are searched there).
+ADAPTER_SEARCH_GPUS = ("t4", "a100-80gb")
+ADAPTER_MARKS = ("|lora:", "|qlora:")
+
+
+def ship_adapters(name: str) -> int:
+    """Run What fits' default search for `name` with an empty user cache, and ship every LoRA or
+    QLoRA class (and adapter step) it probed: what a first search would otherwise probe."""
+    from planner.device_fit import reserved_check
+    from planner.fit import FitTarget, find_fits
+    from planner.gpus import GPUS
+    from planner.verdict import room_for_plans
+
+    entry = catalog_entries()[name]
+    shape = load_model_shape(name, entry.default_task)
+    digest = cache.config_digest(shape)
+    base = scenario_from_values(task=entry.default_task.value, batch_size=8, seq_len=512)
+    for key in ADAPTER_SEARCH_GPUS:
+        gpu = GPUS[key]
+        find_fits(shape, base, gpu.capacity_bytes, FitTarget(base.seq_len, effective_batch=base.batch_size), gpu,
+                  room_for=room_for_plans(gpu.capacity_bytes, base.device, gpu),
+                  check=reserved_check(gpu.capacity_bytes, base.device, gpu))
+    probed = cache._read(cache._user_dir() / f"{digest}.json")
+    path = cache.SHIPPED_DIR / f"{digest}.json"
+    written = 0
+    for key, entry_json in probed.items():
+        if any(mark in key for mark in ADAPTER_MARKS):
+            cache._store_entry(key, entry_json, path)
+            written += 1
+    return written
+
+
 def main() -> int:
     # Probe afresh: never copy a table from this user's cache into the shipped files.
     os.environ["PLANNER_DATA_DIR"] = tempfile.mkdtemp(prefix="planner-ship-")
@@ -87,12 +125,14 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="every precision, checkpointing and fit optimizer")
     parser.add_argument("--device", choices=DEVICES, help="one device's kernels only (default: both)")
     parser.add_argument("--eager", action="store_true", help="eager attention too, for models whose default is SDPA")
+    parser.add_argument("--adapters", action="store_true",
+                        help="instead: the LoRA and QLoRA classes What fits' default search probes")
     args = parser.parse_args()
     names = [n for n in catalog_entries() if not args.only or args.only in n]
     devices = (args.device,) if args.device else DEVICES
     for number, name in enumerate(names, start=1):
         started = time.perf_counter()
-        written = ship(name, args.all, devices, args.eager)
+        written = ship_adapters(name) if args.adapters else ship(name, args.all, devices, args.eager)
         print(f"[{number}/{len(names)}] {name}: {written} entries in {time.perf_counter() - started:.1f} s", flush=True)
     return 0
 

@@ -88,7 +88,7 @@ def test_lora_and_qlora_are_replayed_on_what_peft_and_bitsandbytes_store(gpt2, m
     trainable tensors' only: in 512-byte blocks they add up to the estimate's weights and
     state, and the replayed step's live bytes reach the estimate's peak (saved tensors are
     counted exactly there, in blocks here)."""
-    scenario = _plan(finetune=method, batch_size=4, seq_len=512, optimizer="adamw8bit")
+    scenario = _plan(finetune=method, batch_size=4, seq_len=512, optimizer="adamw8bit", precision="bf16")
     result = estimate(gpt2, scenario)
     blocks = lambda n: -(-n // 512) * 512
     prefix, step = training_events(gpt2, scenario, probe_table(gpt2, scenario),
@@ -112,12 +112,39 @@ def test_lora_and_qlora_are_replayed_on_what_peft_and_bitsandbytes_store(gpt2, m
     assert verdict.allocated_peak_bytes <= verdict.reserved_peak_bytes <= verdict.usable_capacity_bytes
 
 
+@pytest.mark.parametrize("local_sgd", [None, 4])
+def test_a_ddp_rank_is_replayed_with_its_gradient_buckets(gpt2, local_sgd):
+    """A DDP rank runs the single-GPU step and holds DDP's buckets from the wrap on: its replay
+    is the single GPU's with the buckets allocated after the weights (local SGD keeps DDP's
+    buckets too), so it reserves at least what the single GPU does plus the buckets, and its
+    allocated peak is the rank's estimate plus torch's own blocks."""
+    capacity = RTX_4090.capacity_bytes
+    scenario = _plan(batch_size=4)
+    single = plan_verdict(gpt2, estimate(gpt2, scenario), capacity, RTX_4090)
+    plan = ParallelPlan(2, Strategy.DDP, local_sgd)
+    shared = parallel_estimate(gpt2, scenario, plan)
+    verdict = plan_verdict(gpt2, shared, capacity, RTX_4090, plan)
+    assert shared.ddp_bucket_bytes and verdict.caveat is None
+    assert verdict.allocated_peak_bytes == shared.per_device_peak_bytes + verdict.allocator_blocks_bytes
+    assert verdict.reserved_peak_bytes >= single.reserved_peak_bytes + sum(shared.ddp_bucket_bytes)
+    assert verdict.reserved_peak_bytes >= verdict.allocated_peak_bytes
+
+    # The fit searches test a DDP plan with the same replay.
+    budget = tensor_budget_bytes(capacity, Device.CUDA, RTX_4090, plan)
+    check = reserved_check(capacity, Device.CUDA, RTX_4090)
+    found = max_batch_size(gpt2, _plan(), budget, plan=plan, check=check)
+    assert plan_verdict(gpt2, parallel_estimate(gpt2, _plan(batch_size=found), plan), capacity, RTX_4090, plan).fits
+    assert not plan_verdict(gpt2, parallel_estimate(gpt2, _plan(batch_size=found + 1), plan), capacity, RTX_4090,
+                            plan).fits
+
+
 def test_what_is_not_replayed_says_why_and_keeps_the_allocated_test(gpt2):
     capacity = RTX_4090.capacity_bytes
-    plan = ParallelPlan(2, Strategy.DDP)
+    plan = ParallelPlan(2, Strategy.FSDP_FULL_SHARD)
     shared = parallel_estimate(gpt2, _plan(batch_size=4), plan)
     verdict = plan_verdict(gpt2, shared, capacity, RTX_4090, plan)
     assert verdict.reserved_peak_bytes is None and MULTI_GPU_NOT_REPLAYED in verdict.caveat
+    assert reserved_check(capacity, Device.CUDA, RTX_4090)(gpt2, _plan(batch_size=4), plan)
 
     on_cpu = plan_verdict(gpt2, estimate(gpt2, _plan(device="cpu")), capacity, None)
     assert on_cpu.overheads is None and on_cpu.caveat is None

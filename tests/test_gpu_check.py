@@ -179,6 +179,7 @@ def test_the_matrix_covers_every_technique_family_engine_and_allocator_setting()
     assert dropout == {True, False}
     assert {s["engine"] for s in specs} == {"accelerate", "trainer"}
     assert {s["expandable_segments"] for s in specs} == {True, False}
+    assert {v.get("finetune", "full") for v in values} == {"full", "lora", "qlora"}
     for s in specs:  # every scenario is one the runners accept (validated in this process)
         VerifyRequest(config=catalog_config(s["model"]), model_name=s["model"], scenario={**s["values"], "device": "cuda"},
                       mode=Mode.CUDA, engine=Engine(s["engine"]), steps=gpu_check.STEPS,
@@ -198,6 +199,11 @@ def test_an_8bit_scenario_without_bitsandbytes_is_skipped_at_once():
     assert "bitsandbytes is not installed" in gpu_check.missing_package(eight_bit, {"bitsandbytes": None})
     assert gpu_check.missing_package(eight_bit, {"bitsandbytes": "0.50.0"}) is None
     assert gpu_check.missing_package(gpu_check.SCENARIOS[0], {"bitsandbytes": None}) is None
+    lora = next(s for s in gpu_check.SCENARIOS if s["values"].get("finetune") == "lora")
+    qlora = next(s for s in gpu_check.SCENARIOS if s["values"].get("finetune") == "qlora")
+    assert "peft is not installed" in gpu_check.missing_package(lora, {"peft": None, "bitsandbytes": "0.50.0"})
+    assert gpu_check.missing_package(lora, {"peft": "0.21.2", "bitsandbytes": None}) is None
+    assert "bitsandbytes is not installed" in gpu_check.missing_package(qlora, {"peft": "0.21.2", "bitsandbytes": None})
 
 
 def test_the_probes_cuda_branch_runs_on_a_stand_in(monkeypatch, capsys):

@@ -50,6 +50,19 @@ def test_shipped_table_equals_a_fresh_probe(name, task, precision, device):
     assert shipped[key] == fresh
 
 
+@pytest.mark.parametrize("finetune", ["lora", "qlora"])
+def test_shipped_adapter_table_equals_a_fresh_probe(finetune):
+    """What fits' default LoRA and QLoRA classes ship for GPT-2 (scripts/build_probe_tables.py
+    --adapters): one of each, over a bf16 base, probed again through PEFT on CUDA's kernels."""
+    shape = load_model_shape("gpt2", Task.CAUSAL_LM)
+    scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=8, device="cuda", precision="bf16",
+                                    finetune=finetune)
+    shipped = json.loads((SHIPPED_DIR / f"{config_digest(shape)}.json").read_text())
+    key = technique_key(shape, scenario)
+    assert key in shipped, "scripts/build_probe_tables.py --adapters was not re-run for the installed libraries"
+    assert shipped[key] == cache._compute(shape, scenario, key).to_json()
+
+
 def test_every_catalog_model_ships_its_default_table():
     from planner.catalog import catalog_entries
 
