@@ -95,6 +95,10 @@ class MemTrackerProbe:
         """Close the phase that just ended: keep its peak, restart the running peak."""
         peak = self._snapshot("peak")
         self._segments.append((phase, peak["Total"], peak))
+        if phase is Phase.BACKWARD:
+            # Backward has run the tracker's gradient hooks: let them go now, as a run without
+            # a tracker frees what they hold (planner.probe.memtracker), before the step.
+            self._tracker.release_grad_hooks()
         self._restart_peak()
 
     def end(self) -> StepMeasurement:

@@ -277,26 +277,27 @@ def test_the_report_names_the_method_its_settings_and_the_comparison():
 
 def test_the_report_s_json_and_csv_carry_the_method_and_the_comparison(qlora_refused):
     shape = load_model_shape("gpt2", planned().scenario.task, 2)
+    # PEFT's default rank: What fits' LoRA classes for GPT-2 ship (scripts/build_probe_tables.py --adapters).
     values = {"task": "causal-lm", "batch_size": 2, "seq_len": 128, "device": "cuda", "finetune": "lora",
-              "lora_r": 8}
-    settings = {k: DEFAULTS[k] for k in FINETUNE_KEYS if k != "finetune"} | {"lora_r": 8}
+              "lora_r": 16}
+    settings = {k: DEFAULTS[k] for k in FINETUNE_KEYS if k != "finetune"} | {"lora_r": 16}
     base = {k: v for k, v in values.items() if k not in FINETUNE_KEYS}
     methods = compare_methods(shape, base, settings)
     report = build_report(shape, values, 16 * 2**30, "16 GiB", search_adapters=False, methods=methods)
     data = json.loads(render_report(report, "json"))
     plan = data["plan"]["estimate"]
-    assert plan["scenario"]["finetune"] == "lora" and plan["scenario"]["lora_r"] == 8
-    assert plan["trainable_parameters"] == peft_trainable("gpt2", r=8)
-    assert plan["frozen_weight_bytes"] == planned(device="cuda", finetune="lora", lora_r=8).frozen_weight_bytes
+    assert plan["scenario"]["finetune"] == "lora" and plan["scenario"]["lora_r"] == 16
+    assert plan["trainable_parameters"] == peft_trainable("gpt2", r=16)
+    assert plan["frozen_weight_bytes"] == planned(device="cuda", finetune="lora", lora_r=16).frozen_weight_bytes
     assert [m["method"] for m in data["methods"]] == ["full", "lora", "qlora"]
-    assert data["methods"][1]["estimate"]["trainable_parameters"] == peft_trainable("gpt2", r=8)
+    assert data["methods"][1]["estimate"]["trainable_parameters"] == peft_trainable("gpt2", r=16)
     assert data["methods"][2]["error"] == QLORA_REFUSAL and data["methods"][2]["estimate"] is None
     # The technique rows fine-tune in full, as on the Techniques page.
     assert all(t["scenario"].get("finetune") is None for t in data["techniques"])
     csv = pd.read_csv(io.StringIO(render_report(report, "csv")))
     methods_csv = csv[csv["section"] == "methods"].set_index("method")
     assert list(methods_csv.index) == ["Full fine-tuning", "LoRA", "QLoRA"]
-    assert int(methods_csv.loc["LoRA", "trainable parameters"]) == peft_trainable("gpt2", r=8)
+    assert int(methods_csv.loc["LoRA", "trainable parameters"]) == peft_trainable("gpt2", r=16)
     assert methods_csv.loc["QLoRA", "peak"] == QLORA_REFUSAL
     html = render_report(report, "html")
     assert "<h2>Full fine-tuning, LoRA and QLoRA</h2>" in html and "Fine-tuning: LoRA r 8, alpha 16" in html

@@ -110,7 +110,11 @@ _WORST_CASES = textwrap.dedent("""
         except PlannerInputError as error:
             answer = str(error)
         report.append([answer, time.monotonic() - start])
-    report.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    # This program's own peak resident memory: VmHWM starts again at exec, where ru_maxrss also
+    # keeps the forking pytest worker's (gigabytes late in a run, shared pages counted).
+    with open("/proc/self/status") as status:
+        peak = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+    report.append(peak)
     print(json.dumps(report))
 """)
 

@@ -373,7 +373,9 @@ def test_the_users_own_plan_ranks_first_when_it_fits(gpt2):
     assert Optimizer.ADAFACTOR not in SEARCH_OPTIMIZERS
     capacity = 8 * GIB
     assert estimate(gpt2, own).peak_bytes <= capacity
-    result = find_fits(gpt2, own, capacity, FitTarget(256, effective_batch=8), A10)
+    # Full fine-tuning's grid: LoRA plans rank after every full one (test below), and would
+    # probe this precision's adapter classes first.
+    result = find_fits(gpt2, own, capacity, FitTarget(256, effective_batch=8), A10, lora=False)
     first = result.options[0]
     assert first.changes == () and first.scenario == own
     assert all(o.changes for o in result.options[1:])

@@ -87,6 +87,11 @@ def technique_key(shape: ModelShape, scenario: Scenario) -> str:
              "window-reached" if window_exceeded(shape, scenario) else "within-window",
              *(["batch-1"] if scenario.batch_size == 1 else []),  # other keys stay as they were
              *_finetune_parts(scenario),
+             # With adapters and checkpointing the embedding output is a leaf that requires a
+             # gradient: tables recorded before the tracker let go of its gradient hooks counted the
+             # previous micro-batch's leaf and gradient (planner.probe.memtracker) and are not read.
+             *(["grad-hooks=released"] if scenario.finetune.uses_adapters
+               and scenario.checkpointing is Checkpointing.EVERY_LAYER else []),
              *([f"cuda-kernels={probe_gpu(scenario)}"] if scenario.device is Device.CUDA else []),
              f"probe-format={PROBE_FORMAT}", library_versions()]
     return "|".join(parts)
