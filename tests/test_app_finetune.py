@@ -300,7 +300,7 @@ def test_the_report_s_json_and_csv_carry_the_method_and_the_comparison(qlora_ref
     assert int(methods_csv.loc["LoRA", "trainable parameters"]) == peft_trainable("gpt2", r=16)
     assert methods_csv.loc["QLoRA", "peak"] == QLORA_REFUSAL
     html = render_report(report, "html")
-    assert "<h2>Full fine-tuning, LoRA and QLoRA</h2>" in html and "Fine-tuning: LoRA r 8, alpha 16" in html
+    assert "<h2>Full fine-tuning, LoRA and QLoRA</h2>" in html and "Fine-tuning: LoRA r 16, alpha 32" in html
     # Without the comparison the section is absent, not empty.
     assert "Full fine-tuning, LoRA and QLoRA" not in render_report(
         build_report(shape, values, 16 * 2**30, "16 GiB", search_adapters=False), "md")
