@@ -19,7 +19,7 @@
 
 Keys: parameters ("param", i), buffers ("buffers", kind), state ("state", i, n) and
 ("state", "qmap1"/"qmap2"), the step's tensors planner.probe.trace's (storage, serial), the
-optimizer step's ("optimizer-step",). The outputs the lessons' loop carries from one step
+optimizer step's ("optimizer-step",) or ("optimizer-step", i). The outputs the lessons' loop carries from one step
 to the next are keyed ("carry", parity, j): the step's last outputs (of its live
 non-gradient tensors at the end, in allocation order, those matching the carried ones'
 sizes, the latest with the latest; a TraceError where one has no match) are the next
@@ -29,10 +29,11 @@ before the old ones die (one micro-batch: the new forward returns before `output
 rebound) one step cannot hand its keys to itself: `step` is then two steps, the second
 with the carried keys' parities swapped (the same events, so the same peaks).
 
-Known limitations: the optimizer step is one allocation of its probed temporaries' size
+Known limitations: the optimizer step is one allocation of its temporaries' size
 (planner.probe.cache.probed_step_temporaries holds a byte count, not its allocations),
-freed at the end of the step; the first step makes every state tensor before that
-allocation, where bitsandbytes and transformers' Adafactor make each tensor's state just
+freed at the end of the step, but for foreach Adam/AdamW on CUDA, whose one temporary per
+parameter tensor is replayed as such (`optimizer_step_events`; the Trainer's two parameter
+groups are replayed as one); the first step makes every state tensor before the update, where bitsandbytes and transformers' Adafactor make each tensor's state just
 before its own update (interleaved with the update's temporaries); buffers are two
 allocations; with LoRA and QLoRA the stored tensors are allocated in PEFT's parameter order
 (QLoRA: the 4-bit weights' tensors, then the others, then the adapters), and loading's own
@@ -111,31 +112,57 @@ def model_prefix(shape: ModelShape, scenario: Scenario, allocator_blocks: tuple[
     return events
 
 
+def _trained_tensors(shape: ModelShape, scenario: Scenario) -> list[tuple[tuple[int, ...], int, bool]]:
+    """(shape, bytes per element, state kept in 32 bits) of every tensor the optimizer
+    updates, in order: the model's parameters, or with LoRA or QLoRA the adapters' (and
+    trained heads'), as planner.estimate counts their state."""
+    if scenario.finetune.uses_adapters:
+        from planner.estimate import adapter_tensors
+
+        return [(dims, size, False) for _, dims, size in adapter_tensors(shape, scenario).trainable]
+    fp32_embeddings = counts.trainer_keeps_embeddings_in_32_bit(scenario.optimizer, scenario.engine)
+    element = counts.parameter_bytes_per_element(scenario.precision)
+    return [(p.shape, element, fp32_embeddings and p.name in shape.embedding_param_names) for p in shape.params]
+
+
 def state_events(shape: ModelShape, scenario: Scenario) -> list[Event]:
     """The optimizer's state tensors, per trained parameter tensor in order (as
     planner.optimizer_state counts them: their sum is `optimizer_state_bytes`), then
     bitsandbytes' quantile maps. A real run makes them in its first `optimizer.step()`
     (torch's `_init_group`, bitsandbytes' `init_state`), after that step's backward has freed
     the activations. With LoRA or QLoRA, the adapters' (and trained heads') only."""
-    fp32_embeddings = counts.trainer_keeps_embeddings_in_32_bit(scenario.optimizer, scenario.engine)
-    if scenario.finetune.uses_adapters:
-        from planner.estimate import adapter_tensors
-
-        # (shape, bytes per element, kept in 32 bits): as planner.estimate counts LoRA's state
-        trained = [(dims, size, False) for _, dims, size in adapter_tensors(shape, scenario).trainable]
-    else:
-        element = counts.parameter_bytes_per_element(scenario.precision)
-        trained = [(p.shape, element, fp32_embeddings and p.name in shape.embedding_param_names)
-                   for p in shape.params]
     events: list[Event] = []
     quantised = False
-    for i, (dims, element, in_32_bit) in enumerate(trained):
+    for i, (dims, element, in_32_bit) in enumerate(_trained_tensors(shape, scenario)):
         sizes = state_tensor_bytes(dims, scenario.optimizer, element, scenario.device, in_32_bit)
         quantised |= len(sizes) == 4
         events += [(("state", i, n), nbytes) for n, nbytes in enumerate(sizes)]
     if quantised:  # bitsandbytes' two quantile maps, shared by every 8-bit tensor
         events += [(("state", "qmap1"), counts.BNB_QMAP_BYTES), (("state", "qmap2"), counts.BNB_QMAP_BYTES)]
     return events
+
+
+def optimizer_step_events(shape: ModelShape, scenario: Scenario, temporaries_bytes: int) -> list[Event]:
+    """The optimizer step's temporaries (`temporaries_bytes` in all), allocated and freed.
+
+    torch's foreach Adam/AdamW (CUDA's default, `_multi_tensor_adam`) makes
+    `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`: one tensor per parameter tensor,
+    allocated in order and alive together until the step returns, when the list is let go
+    (CPython frees a list's items last first). Those are replayed as such, each its own
+    request, so the allocator can serve them from blocks the activations left cached; what
+    the estimate counts beyond them (nothing, for the code-read rule) is one more request.
+    Every other step (per-tensor loops, fused kernels, bitsandbytes) is one allocation of
+    its temporaries."""
+    if scenario.device is Device.CUDA and scenario.optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
+        sizes = [math.prod(dims) * element for dims, element, _ in _trained_tensors(shape, scenario)]
+        rest = temporaries_bytes - sum(sizes)
+        if rest >= 0:
+            keys = [("optimizer-step", i) for i in range(len(sizes))]
+            if rest:
+                keys.append(("optimizer-step", "rest"))
+                sizes.append(rest)
+            return list(zip(keys, sizes)) + [(key, FREE) for key in reversed(keys)]
+    return [(("optimizer-step",), temporaries_bytes), (("optimizer-step",), FREE)]
 
 
 def _check_keys(prefix: list[Event], step: list[Event], repeats: int = 2) -> None:
@@ -186,6 +213,8 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
         carried_out.insert(0, candidates.pop(match))
     dropped = candidates
 
+    step_events = optimizer_step_events(shape, scenario, step_temporaries_bytes)
+
     def one_step(parity_in: int | None, parity_out: int) -> list[Event]:
         """A step whose carried-in outputs are keyed by `parity_in` (None: the first step, which
         starts with none and makes the optimizer state before its update)."""
@@ -195,7 +224,7 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
                   if parity_in is not None or key not in carried_in]
         if parity_in is None:
             events += state_events(shape, scenario)
-        events += [(("optimizer-step",), step_temporaries_bytes), (("optimizer-step",), FREE)]
+        events += step_events
         # zero_grad(set_to_none=True)
         events += [(key, FREE) for key, index in expansion.live_at_end if index in gradients]
         events += [(key, FREE) for key in dropped]

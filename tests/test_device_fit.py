@@ -187,3 +187,45 @@ def test_micro_batches_after_the_third_add_no_reserved_memory(name, overrides):
                                  step_temporaries_bytes=result.phases[-1].temporaries)
         peaks.add((replayed.peak_allocated_bytes, replayed.peak_reserved_bytes))
     assert len(peaks) == 1, peaks
+
+
+def test_foreach_adamws_temporaries_are_replayed_as_torch_allocates_them():
+    """torch's foreach AdamW (CUDA's default) allocates one square root per parameter tensor,
+    in order, alive together (`_multi_tensor_adam`: torch._foreach_sqrt). A real foreach step
+    (forced on CPU tensors of the model's own parameter shapes, torch's same Python path)
+    makes exactly the requests the replay makes, which the allocator can then serve from
+    cached activation blocks, where one step-sized request could not be."""
+    import math
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from conftest import tiny_config
+    from planner.loading import model_shape_for_config
+    from planner.reserved import optimizer_step_events
+
+    shape = model_shape_for_config(tiny_config("tiny-gpt2"), Task.CAUSAL_LM, 2, "tiny")
+    scenario = _plan(batch_size=2, seq_len=16, precision="fp32")
+    params = [torch.zeros(p.shape, requires_grad=True) for p in shape.params]
+    for param in params:
+        param.grad = torch.ones_like(param)
+    optimizer = torch.optim.AdamW(params, foreach=True)
+    optimizer.step()  # the first step makes the state
+
+    class Requests(TorchDispatchMode):
+        sizes: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._foreach_sqrt.default:
+                self.sizes += [t.numel() * t.element_size() for t in out]
+            return out
+
+    with Requests() as requests:
+        optimizer.step()
+    result = estimate(shape, scenario)
+    events = optimizer_step_events(shape, scenario, result.phases[-1].temporaries)
+    allocated = [n for _, n in events if n >= 0]
+    assert allocated == requests.sizes == [math.prod(p.shape) * 4 for p in shape.params]
+    assert sum(allocated) == result.phases[-1].temporaries
+    assert [key for key, n in events if n < 0] == [key for key, n in reversed(events) if n >= 0]
