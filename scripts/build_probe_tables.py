@@ -16,8 +16,9 @@ otherwise probes up to 16 classes, minutes on two cores.
 Run: python scripts/build_probe_tables.py [--only NAME] [--device cpu|cuda] [--all] [--eager] [--adapters]
 (a few seconds per class: about an hour for the catalog on two cores). What is shipped beyond the
 default classes: `--all` for DistilBERT, GPT-2, Mistral-7B and Llama-2-7B (the dashboard's defaults
-and the fit finder's usual 7B models), `--eager` for DistilBERT and GPT-2, on CUDA, and `--adapters`
-for DistilBERT and GPT-2.
+and the fit finder's usual 7B models), `--eager` for DistilBERT and GPT-2, on CUDA, `--checkpointing`
+for every model on CUDA (the Plan page's technique chart draws those classes: without them a first
+Plan page of a model probed four classes, about 25 s), and `--adapters` for DistilBERT and GPT-2.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ BATCH_CLASSES = (2, 1)  # batch 1 is a technique class of its own (planner.probe
 DEVICES = ("cpu", "cuda")
 
 
-def ship(name: str, everything: bool, devices: tuple[str, ...] = DEVICES, eager: bool = False) -> int:
-    """Probe and store `name`'s classes; `eager`: eager attention's too, where SDPA is the default."""
+def ship(name: str, everything: bool, devices: tuple[str, ...] = DEVICES, eager: bool = False,
+         checkpointing: bool = False) -> int:
+    """Probe and store `name`'s classes; `eager`: eager attention's too, where SDPA is the default;
+    `checkpointing`: the default precisions' checkpointing classes too (the Plan page's
+    technique chart draws them for every model)."""
     entry = catalog_entries()[name]
     shape = load_model_shape(name, entry.default_task)
     path = cache.SHIPPED_DIR / f"{cache.config_digest(shape)}.json"
@@ -57,7 +61,8 @@ def ship(name: str, everything: bool, devices: tuple[str, ...] = DEVICES, eager:
     seq_lens = (8,) + ((window,) if everything and window and (shape.max_positions or window) >= window else ())
     for precision in PRECISIONS if everything else PRECISIONS[:2]:
         for device, checkpointing, batch, attention, seq_len in itertools.product(
-                devices, (False, True) if everything else (False,), BATCH_CLASSES, attentions, seq_lens):
+                devices, (False, True) if everything or checkpointing else (False,), BATCH_CLASSES, attentions,
+                seq_lens):
             scenario = scenario_from_values(task=entry.default_task.value, batch_size=batch, seq_len=seq_len,
                                             device=device, precision=precision, gradient_checkpointing=checkpointing,
                                             attn=attention)
@@ -125,6 +130,8 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="every precision, checkpointing and fit optimizer")
     parser.add_argument("--device", choices=DEVICES, help="one device's kernels only (default: both)")
     parser.add_argument("--eager", action="store_true", help="eager attention too, for models whose default is SDPA")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="the default precisions' checkpointing classes too (the Plan page's chart)")
     parser.add_argument("--adapters", action="store_true",
                         help="instead: the LoRA and QLoRA classes What fits' default search probes")
     args = parser.parse_args()
@@ -132,7 +139,8 @@ def main() -> int:
     devices = (args.device,) if args.device else DEVICES
     for number, name in enumerate(names, start=1):
         started = time.perf_counter()
-        written = ship_adapters(name) if args.adapters else ship(name, args.all, devices, args.eager)
+        written = (ship_adapters(name) if args.adapters
+                   else ship(name, args.all, devices, args.eager, checkpointing=args.checkpointing))
         print(f"[{number}/{len(names)}] {name}: {written} entries in {time.perf_counter() - started:.1f} s", flush=True)
     return 0
 

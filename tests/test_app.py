@@ -409,3 +409,19 @@ def test_a_failed_hub_fetch_is_remembered_for_a_while_only(fake_hub):
     model_cache._hub_attempt.clear()  # the ttl running out
     at.number_input(key="batch_size").set_value(3).run()
     assert not at.error and at.dataframe and fake_hub.requests == [path, path]
+
+
+def test_a_catalog_models_plan_page_on_cuda_probes_nothing(monkeypatch):
+    """The Plan page at the sidebar's defaults (CUDA) walks the catalog's shipped tables, its
+    technique chart's checkpointing classes included (scripts/build_probe_tables.py
+    --checkpointing): before they shipped, a model's first Plan page probed four classes,
+    about 25 s on 2 cores."""
+    from planner.probe import cache, run
+
+    probed = []
+    monkeypatch.setattr(cache, "_MEMORY", {})
+    monkeypatch.setattr(run, "record_probes", lambda *args, **kwargs: probed.append(args) or 1 / 0)
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
+    at.query_params.update({"catalog_model": "bert-base-uncased", "task": "sequence-classification"})
+    at.run()
+    assert not at.exception and not probed

@@ -75,6 +75,13 @@ def test_every_catalog_model_ships_its_default_table():
                                             attn="sdpa" if shape.supports_sdpa else "eager")
             if technique_key(shape, scenario) not in tables:
                 missing.append(f"{name} at batch {batch} on {device}")
+        # The Plan page's technique chart on CUDA: checkpointing in fp32 and bf16 autocast.
+        for batch, precision in itertools.product((1, 2), ("fp32", "bf16-mixed")):
+            scenario = scenario_from_values(task=entry.default_task.value, batch_size=batch, seq_len=8, device="cuda",
+                                            attn="sdpa" if shape.supports_sdpa else "eager", precision=precision,
+                                            gradient_checkpointing=True)
+            if technique_key(shape, scenario) not in tables:
+                missing.append(f"{name} checkpointing {precision} at batch {batch} on cuda")
     assert not missing, missing
 
 
