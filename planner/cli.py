@@ -105,10 +105,15 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", default="accelerate", choices=[e.value for e in Engine],
                         help="training loop: the lessons' Accelerate loop (default) or transformers' Trainer")
     parser.add_argument("--hub", action="store_true", help="allow fetching --config from the Hugging Face hub")
+    add_alloc_conf_flag(parser)
+    add_finetune_flags(parser)
+
+
+def add_alloc_conf_flag(parser: argparse.ArgumentParser) -> None:
+    """The run's PYTORCH_CUDA_ALLOC_CONF (planner.scenario.parse_cuda_alloc_conf)."""
     parser.add_argument("--cuda-alloc-conf", default=None,
                         help="PYTORCH_CUDA_ALLOC_CONF the run will have, for the reserved memory the verdict "
                              "replays: expandable_segments:True or expandable_segments:False (the default)")
-    add_finetune_flags(parser)
 
 
 def add_finetune_flags(parser: argparse.ArgumentParser) -> None:
@@ -164,9 +169,7 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default="fp32", choices=[p.value for p in Precision],
                         help="your plan's precision (default fp32)")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="your plan checkpoints")
-    parser.add_argument("--cuda-alloc-conf", default=None,
-                        help="PYTORCH_CUDA_ALLOC_CONF the run will have, for the reserved memory the verdict "
-                             "replays: expandable_segments:True or expandable_segments:False (the default)")
+    add_alloc_conf_flag(parser)
     parser.add_argument("--strategy", default=Strategy.DDP.value, choices=[s.value for s in MULTI_DEVICE_STRATEGIES],
                         help="your plan's strategy with --num-devices > 1 (default ddp)")
     add_finetune_flags(parser)
@@ -285,7 +288,7 @@ def format_table(result: Estimate) -> str:
          f"checkpointing {'on' if s.checkpointing is Checkpointing.EVERY_LAYER else 'off'}, "
          f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}, "
          f"engine {s.engine.value}"
-         + (f", PYTORCH_CUDA_ALLOC_CONF={s.cuda_segments.value}" if s.device is Device.CUDA else "")),
+         + (f", PYTORCH_CUDA_ALLOC_CONF={s.cuda_alloc_conf}" if s.cuda_alloc_conf else "")),
         "",
         f"{'category':<34}{'bytes':>18}  {'size (binary units)':>20}",
     ]

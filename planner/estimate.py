@@ -111,7 +111,7 @@ class Estimate:
                 "gradient_checkpointing": s.checkpointing is Checkpointing.EVERY_LAYER,
                 "grad_accum": s.grad_accum_steps, "attn": s.attention.value, "device": s.device.value,
                 "engine": s.engine.value, **_finetune_json(s),
-                **({"cuda_alloc_conf": s.cuda_segments.value} if s.device is Device.CUDA else {}),
+                **({"cuda_alloc_conf": s.cuda_alloc_conf} if s.cuda_alloc_conf else {}),
             },
             "trainable_parameters": self.num_parameters if self.trainable_parameters is None
             else self.trainable_parameters,

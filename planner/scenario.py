@@ -201,6 +201,11 @@ class Scenario:
             raise PlannerInputError(f"finetune must be a FineTune, got {self.finetune!r}")
 
     @property
+    def cuda_alloc_conf(self) -> str | None:
+        """The PYTORCH_CUDA_ALLOC_CONF this plan's replay takes; None on the CPU (no caching allocator)."""
+        return self.cuda_segments.value if self.device is Device.CUDA else None
+
+    @property
     def tokens_per_micro_batch(self) -> int:
         return self.batch_size * self.seq_len
 

@@ -30,7 +30,7 @@ from planner.fit import FitLimits, fit_limits
 from planner.gpus import GPUS, GpuSpec, capacity_bytes_from_gib
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
-from planner.scenario import Device, as_int, scenario_from_values
+from planner.scenario import as_int, scenario_from_values
 from planner.strategy import MAX_DEVICES, ParallelPlan, Strategy, parse_strategy
 from planner.units import format_bytes
 from planner.verdict import (
@@ -262,7 +262,7 @@ def _summary_lines(report: Report) -> list[str]:
         f"GPU: {report.gpu_label} × {report.gpu_count} ({format_bytes(report.capacity_bytes)} each; "
         + (f"{report.per_device.plan.strategy.value}, " if report.per_device is not None else "")
         + "the plan is per GPU"
-        + (f"; PYTORCH_CUDA_ALLOC_CONF={s.cuda_segments.value}" if s.device is Device.CUDA else "") + ")",
+        + (f"; PYTORCH_CUDA_ALLOC_CONF={s.cuda_alloc_conf}" if s.cuda_alloc_conf else "") + ")",
         verdict.headline,
         *_overhead_lines(verdict),
         (f"Peak phase: {report.estimate.peak_phase.value}: {report.estimate.peak_reason}."
