@@ -48,6 +48,14 @@ if "_restored_from_link" not in st.session_state:
         st.session_state[key] = value
 for key, value in DEFAULTS.items():
     st.session_state.setdefault(key, value)
+    # Own every sidebar value in every run. Streamlit deletes a widget's value after a run that
+    # does not draw it (Labels under a causal LM, LoRA's fields under Full fine-tuning), which
+    # lost the user's value; and a widget drawn again from a value not assigned in that run is
+    # shown in the browser at its own default (a number input's minimum) while the server plans
+    # the stored one, until the browser sends its 1 back. An assigned value survives the hidden
+    # runs and is sent with the widget (Streamlit docs, "Widget behavior": interrupting the
+    # widget clean-up process).
+    st.session_state[key] = st.session_state[key]
 
 
 def _follow_default_task() -> None:

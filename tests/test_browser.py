@@ -165,3 +165,54 @@ def test_plan_page_recomputes_when_the_batch_size_changes(server_url, page):
             arg=str(BIG_BATCH), timeout=10_000)
     except sync_api.TimeoutError:
         pytest.fail(f"the URL does not carry batch_size={BIG_BATCH}: {page.url}")
+
+
+def pick_catalog_model(page, name: str) -> None:
+    sidebar = page.get_by_test_id("stSidebar")
+    option = page.get_by_role("option", name=name, exact=True)
+    for attempt in range(4):  # a click right after a rerun can land before the list opens
+        combobox = sidebar.get_by_role("combobox", name="Catalog model", exact=True)
+        combobox.click()
+        combobox.fill(name)  # filters the list: the catalog is long
+        try:
+            option.wait_for(timeout=3_000)
+            break
+        except sync_api.TimeoutError:
+            if attempt == 3:
+                raise
+            page.keyboard.press("Escape")
+    option.click()
+
+
+def test_hidden_sidebar_values_come_back_as_the_user_left_them(server_url, page):
+    # Labels shows only for sequence classification: two causal LMs in a row hid it for two
+    # runs, and it came back showing its minimum (1) while the server still planned 2; the
+    # next change sent the 1 (a 12-class probe nobody asked for). The user's count must
+    # survive, in the field, the plan and the link.
+    expect = sync_api.expect
+    page.goto(server_url)
+    sidebar = page.get_by_test_id("stSidebar")
+    labels = sidebar.get_by_label("Labels")
+    expect(labels).to_have_value(str(DEFAULTS["num_labels"]), timeout=RENDER_TIMEOUT_MS)
+    labels.fill("5")
+    labels.press("Enter")
+    peak = metric_value(page, "Peak")
+    expect(peak).to_have_text(format_bytes(expected_peak(num_labels=5)), timeout=RENDER_TIMEOUT_MS)
+    for causal_lm in ("gpt2", "qwen2.5-0.5b"):
+        pick_catalog_model(page, causal_lm)
+        expect(sidebar.get_by_role("combobox", name="Catalog model", exact=True)).to_have_value(
+            causal_lm, timeout=RENDER_TIMEOUT_MS)
+        expect(labels).to_have_count(0, timeout=RENDER_TIMEOUT_MS)
+    pick_catalog_model(page, DEFAULTS["catalog_model"])
+    expect(labels).to_have_value("5", timeout=RENDER_TIMEOUT_MS)
+    expect(peak).to_have_text(format_bytes(expected_peak(num_labels=5)), timeout=RENDER_TIMEOUT_MS)
+    # One more change, so whatever the field holds is sent to the server and planned.
+    batch = sidebar.get_by_label(BATCH_LABEL)
+    batch.fill("4")
+    batch.press("Enter")
+    expect(peak).to_have_text(format_bytes(expected_peak(num_labels=5, batch_size=4)), timeout=RENDER_TIMEOUT_MS)
+    try:
+        page.wait_for_function("() => new URLSearchParams(window.location.search).get('num_labels') === '5'",
+                               timeout=10_000)
+    except sync_api.TimeoutError:
+        pytest.fail(f"the link does not carry the user's 5 labels: {page.url}")

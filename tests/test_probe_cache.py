@@ -125,3 +125,42 @@ def test_a_garbage_cache_file_is_probed_again(tmp_path):
     path.write_text("{not json")
     assert estimate(shape, scenario).confidence is Confidence.PROBED
     assert technique_key(shape, scenario) in json.loads(path.read_text())
+
+
+def test_two_threads_probing_at_once_get_the_tables_one_thread_gets():
+    """torch's module tracker hooks every module through global hooks: two probes on two threads
+    (two dashboard sessions) saw each other's modules and failed (a KeyError on a weakref to the
+    other model's Linear) or mis-recorded. Probes take turns; each thread shows only its own progress."""
+    import threading
+
+    jobs = {"distilbert-base-cased": (Task.SEQUENCE_CLASSIFICATION, 5), "qwen2.5-0.5b": (Task.CAUSAL_LM, 2)}
+    cases = {}
+    for name, (task, labels) in jobs.items():
+        shape = load_model_shape(name, task, labels)
+        scenario = scenario_from_values(task=task.value, num_labels=labels, batch_size=2, seq_len=8, device="cuda",
+                                        attn="eager")
+        assert not cache.is_ready(shape, scenario)  # neither class ships: both threads probe
+        cases[name] = (shape, scenario)
+    results, lines, errors = {}, {name: [] for name in jobs}, []
+    start = threading.Barrier(len(jobs))
+
+    def probe(name):
+        try:
+            with cache.probe_progress(lines[name].append):
+                start.wait()
+                results[name] = probe_table(*cases[name])
+        except BaseException as error:  # the assertion below names it
+            errors.append(error)
+
+    threads = [threading.Thread(target=probe, args=(name,)) for name in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    for name, (shape, scenario) in cases.items():
+        assert not isinstance(results[name], str), results[name]
+        assert results[name].to_json() == _fresh(shape, scenario).to_json()
+        others = [other for other in jobs if other != name]
+        assert any(line.startswith(f"probing {name} ") for line in lines[name]), lines[name]
+        assert not any(other in line for other in others for line in lines[name]), lines[name]

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
@@ -29,7 +30,16 @@ SHIPPED_DIR = Path(__file__).resolve().parents[1] / "catalog" / "probes"
 # Bumped whenever what a probe records or how it is solved changes: older tables are not read.
 PROBE_FORMAT = 3
 _MEMORY: dict[tuple[str, str], ProbeTable | str] = {}  # a str is why the probe cannot run
-_progress: list[Callable[[str], None]] = []
+# Progress sinks per thread: each dashboard session probes on its own script thread and shows
+# only its own probe's lines.
+_progress = threading.local()
+# One probe at a time in a process. torch's ModTracker (under MemTracker) hooks every module
+# through global hooks (torch.nn.modules.module.register_module_forward_pre_hook and friends),
+# so two probes on two threads (two dashboard sessions, or a rerun started while the abandoned
+# run still probes) see each other's modules: measured, a KeyError on a weakref to the other
+# model's Linear, "The Module hierarchy tracking is wrong", or "different operations at
+# different sizes", each then remembered as the model's reason not to probe.
+_PROBE_LOCK = threading.RLock()
 
 
 @functools.cache
@@ -115,15 +125,22 @@ def _read(path: Path) -> dict:
 @contextlib.contextmanager
 def probe_progress(sink: Callable[[str], None]) -> Iterator[None]:
     """Send probe progress lines to `sink` while inside (the CLI prints them, the dashboard shows them)."""
-    _progress.append(sink)
+    sinks = _sinks()
+    sinks.append(sink)
     try:
         yield
     finally:
-        _progress.remove(sink)
+        sinks.remove(sink)
+
+
+def _sinks() -> list[Callable[[str], None]]:
+    if not hasattr(_progress, "sinks"):
+        _progress.sinks = []
+    return _progress.sinks
 
 
 def _report(message: str) -> None:
-    for sink in _progress:
+    for sink in list(_sinks()):
         sink(message)
 
 
@@ -199,6 +216,34 @@ def _stored_or_computed(shape: ModelShape, key: str, decode: Callable[[dict], ob
     if shape.source_config is None:
         return "the model was not built from a config"
     digest = config_digest(shape)
+    found = _known(digest, key, decode)
+    if found is not None:
+        return found
+    if not _PROBE_LOCK.acquire(blocking=False):
+        _report("another probe is running in this process: waiting for it to finish")
+        _PROBE_LOCK.acquire()
+    try:
+        found = _known(digest, key, decode)  # the probe waited for may have been this one
+        if found is not None:
+            return found
+        from planner.probe.run import ProbeUnsupported
+
+        try:
+            found = compute()
+        except ProbeUnsupported as error:
+            found = str(error)
+        except Exception as error:  # the model's own code failed on fake tensors
+            found = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
+        _MEMORY[(digest, key)] = found
+        if not isinstance(found, str):
+            _store_entry(key, encode(found), _user_dir() / f"{digest}.json")
+        return found
+    finally:
+        _PROBE_LOCK.release()
+
+
+def _known(digest: str, key: str, decode: Callable[[dict], object]):
+    """The table (or reason) already in memory, shipped or in the user's cache; None if none."""
     found = _MEMORY.get((digest, key))
     if found is not None:
         return found
@@ -208,18 +253,7 @@ def _stored_or_computed(shape: ModelShape, key: str, decode: Callable[[dict], ob
             # A shipped class the probe cannot run keeps its reason (scripts/build_probe_tables.py).
             _MEMORY[(digest, key)] = stored[UNSUPPORTED] if UNSUPPORTED in stored else decode(stored)
             return _MEMORY[(digest, key)]
-    from planner.probe.run import ProbeUnsupported
-
-    try:
-        found = compute()
-    except ProbeUnsupported as error:
-        found = str(error)
-    except Exception as error:  # the model's own code failed on fake tensors
-        found = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:300]
-    _MEMORY[(digest, key)] = found
-    if not isinstance(found, str):
-        _store_entry(key, encode(found), _user_dir() / f"{digest}.json")
-    return found
+    return None
 
 
 def probe_table(shape: ModelShape, scenario: Scenario) -> ProbeTable | str:
