@@ -117,14 +117,24 @@ class Comparison:
 
 
 def compare(model: str, mode: Mode, values: dict) -> Comparison:
+    """`values` may ask for device "cuda": the lessons' loop simulated on CUDA's kernels
+    (runners.simulate_measure.simulate_step); otherwise the CPU's."""
     config, name = resolve_config(model)
-    values = dict(values, device="cpu")
+    values = dict(values, device=values.get("device", "cpu"))
     engine = Engine(values.pop("engine", "accelerate"))
     scenario = scenario_from_values(**values, engine=engine.value)
     shape = model_shape_for_config(config, scenario.task, scenario.num_labels, name)
     planned = estimate(shape, scenario)
     started = time.perf_counter()
-    measured = measure_in_process(config, name, values, mode, engine=engine)["measured"]
+    if values["device"] == "cuda":
+        if mode is not Mode.SIMULATE or engine is not Engine.ACCELERATE:
+            raise ValueError("CUDA's kernels are simulated in the lessons' loop only")
+        from planner.probe.cache import probe_gpu
+        from runners.simulate_measure import simulate_step
+
+        measured = simulate_step(config, dict(values), gpu=probe_gpu(scenario))
+    else:
+        measured = measure_in_process(config, name, values, mode, engine=engine)["measured"]
     seconds = time.perf_counter() - started
     gc.collect()
     return Comparison(name, values, engine, shape, planned, measured, seconds)
@@ -141,7 +151,11 @@ def run_one(model: str, mode: Mode, values: dict) -> dict:
         "error_pct": c.error_pct,
         "estimated_phase": planned.peak_phase.value, "measured_phase": measured["peak_phase"],
         "estimated_state_bytes": planned.optimizer_state_bytes,
-        "measured_state_bytes": measured["optimizer_state_bytes"], "seconds": round(c.seconds, 1),
+        "measured_state_bytes": measured["optimizer_state_bytes"],
+        # A CUDA plan rounds each state tensor (at most three per parameter, and bitsandbytes' two
+        # quantile maps) up to the caching allocator's 512 B; a simulated step counts exact sizes.
+        "state_rounding_bytes": 511 * (3 * len(c.shape.params) + 2) if scenario.device.value == "cuda" else 0,
+        "seconds": round(c.seconds, 1),
         "method": planned.confidence.value,
     }
 

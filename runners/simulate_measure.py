@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from planner.probe.fake_mode import fake_quantile_maps  # shared with the probe
+from planner.probe.fake_mode import fake_batch, fake_quantile_maps  # shared with the probe
 
 
 def fake_batches(real_batches: list[dict], fake_mode: FakeTensorMode) -> list[dict]:
@@ -20,7 +20,7 @@ def fake_batches(real_batches: list[dict], fake_mode: FakeTensorMode) -> list[di
     for batch in real_batches:
         if not bool((batch["attention_mask"] == 1).all()):
             raise ValueError("the simulator reproduces unpadded batches only (all-ones attention_mask)")
-    return [{name: fake_mode.from_tensor(tensor) for name, tensor in batch.items()} for batch in real_batches]
+    return [fake_batch(fake_mode, batch) for batch in real_batches]
 
 
 def simulate_step(config: dict, scenario_values: dict, gpu=None, steps: int = 2, seed: int = 0) -> dict:

@@ -13,7 +13,8 @@ tests/test_probe_cache.py checks a shipped table against a fresh probe.
 (LoRA and QLoRA at PEFT's defaults, on CUDA, on the GPUs of ADAPTER_SEARCH_GPUS): a first search
 otherwise probes up to 16 classes, minutes on two cores.
 
-Run: python scripts/build_probe_tables.py [--only NAME] [--device cpu|cuda] [--all] [--eager] [--adapters]
+Every run first drops shipped entries under an older probe format or other library versions
+(never read). Run: python scripts/build_probe_tables.py [--only NAME] [--device cpu|cuda] [--all] [--eager] [--adapters]
 (a few seconds per class: about an hour for the catalog on two cores). What is shipped beyond the
 default classes: `--all` for DistilBERT, GPT-2, Mistral-7B and Llama-2-7B (the dashboard's defaults
 and the fit finder's usual 7B models), `--eager` for DistilBERT and GPT-2, on CUDA, `--checkpointing`
@@ -122,11 +123,32 @@ def ship_adapters(name: str) -> int:
     return written
 
 
+def prune_stale() -> int:
+    """Drop shipped entries the planner no longer reads (an older probe format, or other library
+    versions): keys name both (planner.probe.cache.technique_key)."""
+    import json
+
+    dropped = 0
+    for path in sorted(cache.SHIPPED_DIR.glob("*.json")):
+        tables = cache._read(path)
+        kept = {key: entry for key, entry in tables.items() if _current(key)}
+        if len(kept) != len(tables):
+            dropped += len(tables) - len(kept)
+            path.write_text(json.dumps(kept, separators=(",", ":")))
+    return dropped
+
+
+def _current(key: str) -> bool:
+    parts = key.split("|")
+    wanted = cache.CUDA_PROBE_FORMAT if any(p.startswith("cuda-kernels=") for p in parts) else cache.PROBE_FORMAT
+    return f"probe-format={wanted}" in parts and parts[-1] == cache.library_versions()
+
+
 def main() -> int:
     # Probe afresh: never copy a table from this user's cache into the shipped files.
     os.environ["PLANNER_DATA_DIR"] = tempfile.mkdtemp(prefix="planner-ship-")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="catalog names containing this text")
+    parser.add_argument("--only", help="a catalog name, or text the names to probe contain")
     parser.add_argument("--all", action="store_true", help="every precision, checkpointing and fit optimizer")
     parser.add_argument("--device", choices=DEVICES, help="one device's kernels only (default: both)")
     parser.add_argument("--eager", action="store_true", help="eager attention too, for models whose default is SDPA")
@@ -135,7 +157,10 @@ def main() -> int:
     parser.add_argument("--adapters", action="store_true",
                         help="instead: the LoRA and QLoRA classes What fits' default search probes")
     args = parser.parse_args()
-    names = [n for n in catalog_entries() if not args.only or args.only in n]
+    print(f"dropped {prune_stale()} stale shipped entries", flush=True)
+    # A whole catalog name is that model alone (gpt2, not gpt2-xl too); other text, every name containing it.
+    names = ([args.only] if args.only in catalog_entries() else
+             [n for n in catalog_entries() if not args.only or args.only in n])
     devices = (args.device,) if args.device else DEVICES
     for number, name in enumerate(names, start=1):
         started = time.perf_counter()

@@ -89,23 +89,29 @@ def test_a_mixture_of_experts_is_probed_on_fake_tensors_and_matches_real_routing
     assert_close(estimated, measured, config["model_type"])
 
 
-# DeBERTa-v2's classification loss calls nonzero() on the labels: real tensors again.
+# DeBERTa-v2's classification loss calls nonzero() on the labels. Fake batches carry the
+# batch's values (planner.probe.fake_mode.batch_values), so it is probed on fake tensors; with
+# that switched off, the nonzero() has no size and the probe falls back to real tensors.
 TINY_DEBERTA = {"model_type": "deberta-v2", "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 5,
                 "num_attention_heads": 4, "intermediate_size": 128, "max_position_embeddings": 256,
                 "relative_attention": True, "position_buckets": 32, "pos_att_type": ["p2c", "c2p"],
                 "position_biased_input": False}
 
 
-@pytest.mark.parametrize("config,task,overrides,method", [
-    (TINY_DEBERTA, "sequence-classification", {"attn": "eager"}, Confidence.PROBED_REAL),
-], ids=["deberta-real"])
-def test_models_fake_tensors_cannot_run_are_probed_on_real_tensors(config, task, overrides, method):
-    values = dict(task=task, batch_size=2, seq_len=32, device="cpu", **overrides)
+@pytest.mark.parametrize("batch_values,method", [(True, Confidence.PROBED), (False, Confidence.PROBED_REAL)],
+                         ids=["deberta-batch-values", "deberta-real"])
+def test_a_model_reading_its_batch_is_probed_with_the_batch_values_or_on_real_tensors(batch_values, method,
+                                                                                       monkeypatch):
+    from planner.probe import fake_mode
+
+    if not batch_values:
+        monkeypatch.setattr(fake_mode, "_SIZED_BY_VALUES", ())
+    values = dict(task="sequence-classification", batch_size=2, seq_len=32, device="cpu", attn="eager")
     scenario = scenario_from_values(**values)
-    shape = model_shape_for_config(config, scenario.task, scenario.num_labels, "tiny")
+    shape = model_shape_for_config(TINY_DEBERTA, scenario.task, scenario.num_labels, "tiny")
     estimated = estimate(shape, scenario)
     assert estimated.confidence is method, estimated.notes
-    measured = measure_in_process(config, "tiny", values, Mode.CPU)["measured"]
+    measured = measure_in_process(TINY_DEBERTA, "tiny", values, Mode.CPU)["measured"]
     assert_close(estimated, measured, str(method))
 
 

@@ -85,10 +85,29 @@ def test_every_catalog_model_ships_its_default_table():
     assert not missing, missing
 
 
-def test_a_shipped_class_the_probe_cannot_run_falls_back_at_once_with_its_reason(monkeypatch):
-    """DeBERTa-v2's loss calls nonzero(), which fake tensors cannot size, and CUDA's kernels are
-    taken on fake tensors only: the catalog ships that reason, so a CUDA plan takes the recipe
-    without probing (a probe here fails the test)."""
+def test_a_shipped_class_the_probe_cannot_run_falls_back_at_once_with_its_reason(monkeypatch, tmp_path):
+    """scripts/build_probe_tables.py ships the reason a class cannot be probed (store_unsupported),
+    so a plan takes the recipe without probing (a probe here fails the test). The catalog ships
+    none today; a shipped file holding one, as the script writes it, stands in."""
+    from conftest import tiny_config
+    from planner.probe import run
+
+    shipped = tmp_path / "shipped"
+    monkeypatch.setattr(cache, "SHIPPED_DIR", shipped)
+    monkeypatch.setattr(run, "record_probes", lambda *a, **k: pytest.fail("probed a shipped class"))
+    scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=64, device="cuda")
+    shape = model_shape_for_config(tiny_config("tiny-llama"), scenario.task, 2, "tiny-llama")
+    cache.store_unsupported(technique_key(shape, scenario), "a reason the shipping script met",
+                            shipped / f"{config_digest(shape)}.json")
+    assert cache.is_ready(shape, scenario)
+    result = estimate(shape, scenario)
+    assert result.confidence is Confidence.MODELLED  # LLaMA's recipe, labelled so
+    assert any("a reason the shipping script met" in note and "recipe stands in" in note for note in result.notes)
+
+
+def test_deberta_ships_its_cuda_tables_probed_with_the_batch_values(monkeypatch):
+    """DeBERTa-v2's loss calls nonzero() on the labels: the catalog shipped that as a reason not
+    to probe on CUDA's kernels until fake batches carried their values (test_batch_values.py)."""
     from planner.probe import run
 
     monkeypatch.setattr(run, "record_probes", lambda *a, **k: pytest.fail("probed a shipped class"))
@@ -96,10 +115,7 @@ def test_a_shipped_class_the_probe_cannot_run_falls_back_at_once_with_its_reason
     scenario = scenario_from_values(task="sequence-classification", batch_size=2, seq_len=64, device="cuda",
                                     attn="eager")
     assert cache.is_ready(shape, scenario)
-    result = estimate(shape, scenario)
-    # DeBERTa-v2 has no recipe of its own: the generic one stands in, labelled so.
-    assert result.confidence is Confidence.GENERIC
-    assert any("nonzero" in note and "recipe stands in" in note for note in result.notes)
+    assert estimate(shape, scenario).confidence is Confidence.PROBED
 
 
 def test_a_probed_table_is_cached_on_disk_and_read_back(tmp_path):

@@ -29,6 +29,10 @@ from planner.scenario import Checkpointing, Device, Engine, Scenario, Task
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "catalog" / "probes"
 # Bumped whenever what a probe records or how it is solved changes: older tables are not read.
 PROBE_FORMAT = 3
+# CUDA-kernel classes moved on alone: format 4 keeps the sizes CUDA's memory-efficient attention
+# rounds up (a ceil32(s) log-sum-exp, masks padded to ceil8(s) columns; planner.probe.table),
+# which format 3 held at their probe-size values (32, or no table at all).
+CUDA_PROBE_FORMAT = 4
 _MEMORY: dict[tuple[str, str], ProbeTable | str] = {}  # a str is why the probe cannot run
 # Progress sinks per thread: each dashboard session probes on its own script thread and shows
 # only its own probe's lines.
@@ -103,7 +107,8 @@ def technique_key(shape: ModelShape, scenario: Scenario) -> str:
              *(["grad-hooks=released"] if scenario.finetune.uses_adapters
                and scenario.checkpointing is Checkpointing.EVERY_LAYER else []),
              *([f"cuda-kernels={probe_gpu(scenario)}"] if scenario.device is Device.CUDA else []),
-             f"probe-format={PROBE_FORMAT}", library_versions()]
+             f"probe-format={CUDA_PROBE_FORMAT if scenario.device is Device.CUDA else PROBE_FORMAT}",
+             library_versions()]
     return "|".join(parts)
 
 

@@ -443,13 +443,39 @@ def _preprocess_mask(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor)
     aligned = all(stride % 8 == 0 for stride in mask.stride()[:-1]) and mask.stride(-1) == 1
     if not aligned:
         last = mask.size(-1)
-        mask = torch.nn.functional.pad(mask, (0, 8 - last % 8))[..., :last]
+        padded = torch.nn.functional.pad(mask, (0, 8 - last % 8))
+        if last == query.size(-2):
+            # The mask kept for backward has ceil8(s) columns: this copy when s is not a multiple
+            # of 8, the mask itself when it is (no copy then: see planner.probe.table).
+            _announce_rounded(padded, padded.dim() - 1, "ceil8")
+        mask = padded[..., :last]
     return mask.expand(query.size(0), query.size(1), query.size(2), key.size(2))
 
 
 def _pad_last_dim_8(tensor: torch.Tensor) -> torch.Tensor:  # pad_last_dim<8, false>
     d = tensor.size(-1)
     return tensor if d % 8 == 0 else torch.nn.functional.pad(tensor, (0, 8 - d % 8))
+
+
+# Who is told which outputs have a dimension that is the sequence length rounded up (the
+# probe's recorder: three small probes show 32 for ceil32(s) at every size).
+_rounded_size_listeners: list = []
+
+
+@contextlib.contextmanager
+def rounded_sizes_to(listener):
+    """Inside, `listener(tensor, dim, kind)` hears of every output whose dimension `dim` is
+    `kind` of the sequence length (planner.probe.table.ROUNDINGS)."""
+    _rounded_size_listeners.append(listener)
+    try:
+        yield
+    finally:
+        _rounded_size_listeners.remove(listener)
+
+
+def _announce_rounded(tensor: torch.Tensor, dim: int, kind: str) -> None:
+    for listener in list(_rounded_size_listeners):
+        listener(tensor, dim, kind)
 
 
 class _Choices:
@@ -483,8 +509,11 @@ def _attention_kernel(gpu: CudaGpu, choices: _Choices):
         if backend is Backend.EFFICIENT:
             if mask is not None:
                 mask = _preprocess_mask(mask, query, key)
-            return ops._scaled_dot_product_efficient_attention(query, key, value, mask, compute_logsumexp,
-                                                               dropout_p, is_causal, scale=scale)[0]
+            outputs = ops._scaled_dot_product_efficient_attention(query, key, value, mask, compute_logsumexp,
+                                                                  dropout_p, is_causal, scale=scale)
+            if compute_logsumexp:  # meta__efficient_attention_forward: (b, h, ceil(s_q / 32) * 32), fp32
+                _announce_rounded(outputs[1], 2, "ceil32")
+            return outputs[0]
         return ops._scaled_dot_product_attention_math(query, key, value, mask, dropout_p, is_causal, None,
                                                       scale=scale, enable_gqa=enable_gqa)[0]
 

@@ -1,6 +1,6 @@
 """What a simulated (FakeTensorMode) training step needs so it takes the real run's path.
 
-Three context managers, each active only for the duration of one simulated step:
+Context managers, each active only for the duration of one simulated step:
 
 - `all_ones_padding_masks()`: transformers (5.x, masking_utils) decides whether it may drop
   the 2-D `attention_mask` with checks that read its values (`fast_all(padding_mask)`,
@@ -55,6 +55,18 @@ Three context managers, each active only for the duration of one simulated step:
   all-fake module is given fresh fake tensors of the same shape, strides, dtype and
   requires_grad in the model's mode (a fake tensor's values are never read).
 
+- `batch_values()`: a fake tensor has no values, so an op whose output size depends on them
+  (`nonzero`) raises DynamicOutputShapeException. Models run such ops on the batch, not on
+  weights: DeBERTa-v2's sequence classifier keeps the labelled rows with
+  `(labels >= 0).nonzero()`. A batch faked with `fake_batch` remembers its real values (the
+  small real batch the run itself would use), and inside this context every op whose fake
+  inputs all have values is also run on the values: its outputs get values in turn. A
+  `nonzero` (or an integer `.item()`) of such a tensor is then answered from the values: the
+  fake output has the real one's size, exactly what the real run allocates. Anything
+  touched by a tensor without values (a weight, an activation) has none, so routing by a
+  router's scores still raises, and a write into a tensor from one without values drops its
+  values. Real values are batch-sized: the extra work is a few small ops per step.
+
 Known limitations: the mask patch targets the SDPA/eager mask helpers of transformers 5.x
 `masking_utils`; other value-reading shortcuts (packed-sequence detection when no
 attention_mask is given, the recurrent-layer mask of hybrid models, the flex-attention
@@ -72,8 +84,10 @@ import sys
 
 import torch
 from torch._subclasses import fake_impls
-from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager, unset_fake_temporarily
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 STAND_IN_FLOAT = 1.0  # positive and finite: every Adafactor formula that reads a scalar stays defined
 
@@ -198,6 +212,57 @@ def adapters_cast_in_place():
         torch.nn.Module.to, copy.deepcopy = to, deepcopy
 
 
+_VALUES = WeakIdKeyDictionary()  # fake tensor -> the real tensor it stands for (batch-derived only)
+# Ops whose output size is read from values: answered from them (the fake kernel raises).
+_SIZED_BY_VALUES = (torch.ops.aten.nonzero.default,)
+
+
+def fake_batch(fake_mode, batch: dict) -> dict:
+    """Fake copies of a real batch's tensors that remember their values (batch_values())."""
+    faked = {}
+    for name, tensor in batch.items():
+        faked[name] = fake_mode.from_tensor(tensor)
+        _VALUES[faked[name]] = tensor
+    return faked
+
+
+class _BatchValues(TorchDispatchMode):
+    """Runs ops on the values of fake tensors that have them (see module doc)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        fakes = [t for t in pytree.arg_tree_leaves(*args, **kwargs) if isinstance(t, FakeTensor)]
+        if not fakes or not all(t in _VALUES for t in fakes):
+            schema = getattr(func, "_schema", None)
+            if schema is not None and schema.is_mutable:  # written from something without values: they are gone
+                for argument, value in zip(schema.arguments, args):
+                    if argument.alias_info is not None and argument.alias_info.is_write and value in _VALUES:
+                        del _VALUES[value]
+            return func(*args, **kwargs)
+        real_args, real_kwargs = pytree.tree_map_only(FakeTensor, _VALUES.__getitem__, (args, kwargs))
+        with unset_fake_temporarily():
+            real = func(*real_args, **real_kwargs)
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return real
+        if func in _SIZED_BY_VALUES:
+            device = fakes[0].device
+            out = pytree.tree_map_only(torch.Tensor, lambda r: torch.empty_strided(
+                r.shape, r.stride(), dtype=r.dtype, device=device), real)
+        else:
+            out = func(*args, **kwargs)
+        for fake, value in zip(pytree.tree_leaves(out), pytree.tree_leaves(real)):
+            if isinstance(fake, FakeTensor) and isinstance(value, torch.Tensor):
+                _VALUES[fake] = value
+        return out
+
+
+@contextlib.contextmanager
+def batch_values():
+    """Enter after (inside) the FakeTensorMode and scalar_stand_ins: a value wins over a stand-in."""
+    with _BatchValues():
+        yield
+
+
 @contextlib.contextmanager
 def _quiet_fake_kernel_failures():
     # FakeTensorMode logs a traceback at ERROR level before it raises a failing meta kernel;
@@ -230,7 +295,7 @@ def simulation(fake_mode, gpu=None):
         from planner.probe.fake_quantized import gemm_4bit_as_on_cuda
 
         four_bit = gemm_4bit_as_on_cuda()
-    with (fake_mode, scalar_stand_ins(), all_ones_padding_masks(), grouped_mm_in_every_dtype(),
+    with (fake_mode, scalar_stand_ins(), batch_values(), all_ones_padding_masks(), grouped_mm_in_every_dtype(),
           _quiet_fake_kernel_failures(), four_bit, kernels as choices):
         yield choices  # with a gpu, the record of its attention choices (fake_cuda.cuda_kernels)
 

@@ -49,6 +49,9 @@ class Recording:
     live_at_start: list[tuple[int, str]] = field(default_factory=list)  # (index, category), not weights
     events: list[Event] = field(default_factory=list)
     unsized: list[str] = field(default_factory=list)
+    # storage index -> (dimension, kind): a dimension its kernel announced as derived from the
+    # sequence length (planner.probe.table.ROUNDINGS; planner.probe.fake_cuda.rounded_sizes_to)
+    rounded: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
 class Recorder(TrainableMemTracker):
@@ -88,6 +91,14 @@ class Recorder(TrainableMemTracker):
                 self.recording.sizes[index] = (tuple(t.shape), t.element_size(), nbytes)
                 if t.numel() * t.element_size() != nbytes:
                     self.recording.unsized.append(f"storage {index}: {nbytes} B behind a {tuple(t.shape)} tensor")
+
+    def note_rounded(self, t, dim: int, kind: str) -> None:
+        """`t`'s dimension `dim` is `kind` of the sequence length (its kernel says so)."""
+        for storage in get_untyped_storages(t):
+            winfo, _ = self._WINFO.get(storage, (None, None))
+            index = self._index.get(id(winfo)) if winfo is not None else None
+            if index is not None:
+                self.recording.rounded[index] = (dim, kind)
 
     def _label_block(self) -> int | None:
         found = [int(match.group(1)) for name in self._mod_tracker.parents

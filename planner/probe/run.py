@@ -139,13 +139,15 @@ def _trainer_loss(model, batch):
 
 def _record(model, accelerator, fake, prefix: str, scenario: Scenario, batches: list[dict], gpu=None) -> Recording:
     """One probe: the step of `scenario`'s loop on `batches` (previous step's last, then two)."""
+    from planner.probe.fake_cuda import rounded_sizes_to
     from planner.probe.fake_mode import simulation
 
     recording = Recording(scenario.batch_size, scenario.seq_len)
     recorder = Recorder(recording, prefix)
     recorder.track_external(model)
     lessons_loop = scenario.engine is Engine.ACCELERATE
-    with simulation(fake, gpu) if fake is not None else contextlib.nullcontext(), recorder, warnings.catch_warnings():
+    with (simulation(fake, gpu) if fake is not None else contextlib.nullcontext(), recorder,
+          rounded_sizes_to(recorder.note_rounded), warnings.catch_warnings()):
         warnings.simplefilter("ignore")
         outputs = None
         if lessons_loop:
@@ -196,6 +198,7 @@ def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout,
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from planner.probe.build import build_model, fresh_accelerator, synthetic_batch
+    from planner.probe.fake_mode import fake_batch
 
     fake = None if real else FakeTensorMode()
     with fake or contextlib.nullcontext(), warnings.catch_warnings():
@@ -215,7 +218,7 @@ def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout,
         if not all(bool((b["attention_mask"] == 1).all()) for b in batches):
             raise ProbeUnsupported("probe batches must be unpadded")
         if fake is not None:
-            batches = [{name: fake.from_tensor(tensor) for name, tensor in b.items()} for b in batches]
+            batches = [fake_batch(fake, b) for b in batches]
         if number == 1:
             _first_step(model, accelerator, fake, batches[0], gpu)
         recordings.append(_record(model, accelerator, fake, prefix, probe_scenario, batches, gpu))

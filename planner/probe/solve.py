@@ -9,6 +9,10 @@ Why this is exact:
   dimension is a constant or a · X + c for one X of b, s, b·s, s², b·s² (heads x sequence,
   a shifted label length s + 1, a flattened b·s). Three probes determine a and c and check
   them (two would fit any affine formula); PROBE_SIZES admit no two formulas at once.
+  A dimension the kernel rounds s up for (planner.probe.table.ROUNDINGS: the memory-efficient
+  kernel's ceil32(s) log-sum-exp, 32 at every probe size, and its mask padded to ceil8(s)
+  columns) is announced by the kernel that makes it (Recording.rounded) and taken as
+  announced, checked at every probe.
   Batch 1 is probed on its own (run.BATCH_ONE_PROBE_SIZES), its table a function of s.
   The product, expanded, is the storage's size as a polynomial in b and s.
 - Depth: the blocks are run one after the other, each creating and freeing the same
@@ -28,7 +32,16 @@ from fractions import Fraction
 
 from planner.probe.recorder import Recording
 from planner.probe.run import Layout, ProbeUnsupported
-from planner.probe.table import CATEGORIES, Poly, ProbeTable, ProbeTrace, Segment
+from planner.probe.table import (
+    CATEGORIES,
+    Poly,
+    ProbeTable,
+    ProbeTrace,
+    Segment,
+    monomial_value,
+    rounded_exponent,
+    rounded_sequence,
+)
 
 _MONOMIALS = ((1, 0), (0, 1), (1, 1), (0, 2), (1, 2))  # b, s, b*s, s^2, b*s^2
 
@@ -43,7 +56,7 @@ def _dimension_formula(values: tuple[int, ...], sizes: tuple[tuple[int, int], ..
     for i, j in _MONOMIALS:
         if one_batch and i:
             continue
-        xs = [b**i * s**j for b, s in sizes]
+        xs = [monomial_value(i, j, b, s) for b, s in sizes]
         a = Fraction(values[1] - values[0], xs[1] - xs[0])
         c = values[0] - a * xs[0]
         if a.denominator == 1 and c.denominator == 1 and all(a * x + c == v for x, v in zip(xs, values)):
@@ -63,18 +76,31 @@ def _multiply(p: dict, q: dict) -> dict:
     return {k: v for k, v in out.items() if v}
 
 
+def _rounded_formula(values: tuple[int, ...], sizes: tuple[tuple[int, int], ...], kind: str) -> dict:
+    """An announced dimension: `kind` of s at every probe, or the probe is refused."""
+    if any(value != rounded_sequence(kind, s) for value, (_, s) in zip(values, sizes)):
+        raise ProbeUnsupported(f"a tensor dimension {values} announced as {kind} of the sequence is not, "
+                               f"at probe sizes {sizes}")
+    return {(0, rounded_exponent(kind)): 1}
+
+
 def _storage_polys(recordings: list[Recording]) -> list[dict]:
     sizes = tuple((r.batch_size, r.seq_len) for r in recordings)
+    if any(r.rounded != recordings[0].rounded for r in recordings[1:]):
+        raise ProbeUnsupported("the kernels announced rounded sizes for different storages at different sizes")
     polys = []
-    for entries in zip(*(r.sizes for r in recordings)):
+    for index, entries in enumerate(zip(*(r.sizes for r in recordings))):
         shapes = [entry[0] for entry in entries]
         if any(shape is None for shape in shapes) or len({len(shape) for shape in shapes}) != 1:
             raise ProbeUnsupported("a storage's creating tensor differs between probes")
         poly = {(0, 0): entries[0][1]}  # element size
-        for dim_values in zip(*shapes):
-            poly = _multiply(poly, _dimension_formula(tuple(dim_values), sizes))
+        rounded = recordings[0].rounded.get(index)
+        for dim, dim_values in enumerate(zip(*shapes)):
+            formula = (_rounded_formula(tuple(dim_values), sizes, rounded[1]) if rounded and rounded[0] == dim
+                       else _dimension_formula(tuple(dim_values), sizes))
+            poly = _multiply(poly, formula)
         for entry, (b, s) in zip(entries, sizes):
-            if sum(c * b**i * s**j for (i, j), c in poly.items()) != entry[2]:
+            if sum(c * monomial_value(i, j, b, s) for (i, j), c in poly.items()) != entry[2]:
                 raise ProbeUnsupported("a storage's bytes are not its tensor's size")
         polys.append(poly)
     return polys
@@ -92,7 +118,8 @@ def _frozen(poly: dict) -> Poly:
 
 
 def _dominates(upper: list[dict], lower: list[dict]) -> bool:
-    """upper >= lower in total for every b, s >= 1: every coefficient of the difference >= 0."""
+    """upper >= lower in total for every b, s >= 1: every coefficient of the difference >= 0
+    (every monomial, rounded ones included, is positive there)."""
     difference: dict = {}
     for poly in upper:
         _add(difference, poly, +1)
@@ -103,7 +130,7 @@ def _dominates(upper: list[dict], lower: list[dict]) -> bool:
 
 def _sample_total(moment: list[dict]) -> int:
     # Ordering only (which candidates to compare first): a large scenario.
-    return sum(c * 8**i * 4096**j for poly in moment for (i, j), c in poly.items())
+    return sum(c * monomial_value(i, j, 8, 4096) for poly in moment for (i, j), c in poly.items())
 
 
 def _segment(entries: list, polys) -> Segment:

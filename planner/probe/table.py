@@ -3,7 +3,11 @@
 No torch here: a table is plain data (shipped as JSON for the catalog) and one scenario
 costs a walk over the real model's blocks, microseconds.
 
-A polynomial is a tuple of (i, j, c) terms: c · b^i · s^j bytes. A table holds, for each
+A polynomial is a tuple of (i, j, c) terms: c · b^i · s^j bytes, where j's higher base-100
+digits count powers of sizes CUDA's kernels round s up to (ROUNDINGS): j = m + 100 · k1 +
+10000 · k2 is s^m · ceil8(s)^k1 · ceil32(s)^k2. CUDA's memory-efficient attention sizes by
+them: its log-sum-exp is (b, h, ceil32(s)), and the mask it keeps for backward has ceil8(s)
+columns (planner.probe.fake_cuda). A table holds, for each
 segment of the recorded step (micro-batch, forward or backward, and which block or the
 part before the blocks), its net change of live bytes by category and the candidates for
 its high point (live bytes by category at the moments no other moment dominates for every
@@ -26,8 +30,33 @@ Poly = tuple[tuple[int, int, int], ...]
 Bytes = tuple[int, int, int]  # by CATEGORIES
 
 
+# Sizes s is rounded up to, in the order of j's digits after s's own (see the module docstring).
+ROUNDINGS = ("ceil8", "ceil32")
+_DIGIT = 100
+
+
+def rounded_sequence(kind: str, s: int) -> int:
+    multiple = {"ceil8": 8, "ceil32": 32}[kind]
+    return -(-s // multiple) * multiple
+
+
+def rounded_exponent(kind: str) -> int:
+    """j of the rounding `kind` of s to the first power."""
+    return _DIGIT ** (1 + ROUNDINGS.index(kind))
+
+
+def monomial_value(i: int, j: int, b: int, s: int) -> int:
+    value = b**i * s**(j % _DIGIT)
+    j //= _DIGIT
+    for kind in ROUNDINGS:
+        if j % _DIGIT:
+            value *= rounded_sequence(kind, s) ** (j % _DIGIT)
+        j //= _DIGIT
+    return value
+
+
 def poly_value(poly: Poly, b: int, s: int) -> int:
-    return sum(c * b**i * s**j for i, j, c in poly)
+    return sum(c * monomial_value(i, j, b, s) for i, j, c in poly)
 
 
 @dataclass(frozen=True)
