@@ -83,3 +83,17 @@ def test_values_follow_the_batch_and_nothing_else():
         labels_copy.add_(weights.long())  # written from a tensor without values
         with pytest.raises(DynamicOutputShapeException):
             labels_copy.nonzero()
+
+
+def test_an_output_too_large_to_compute_for_real_gets_no_values(monkeypatch):
+    from planner.probe import fake_mode
+
+    monkeypatch.setattr(fake_mode, "MAX_VALUE_ELEMENTS", 100)
+    mode = FakeTensorMode()
+    batch = fake_batch(mode, {"attention_mask": torch.ones(2, 8, dtype=torch.long)})
+    with simulation(mode):
+        mask = batch["attention_mask"]
+        assert tuple((mask > 0).nonzero().shape) == (16, 2)  # 16 elements: values kept
+        square = mask[:, :, None] * mask[:, None, :]  # (2, 8, 8): 128 elements, over the limit
+        with pytest.raises(DynamicOutputShapeException):
+            square.nonzero()

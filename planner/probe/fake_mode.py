@@ -65,7 +65,9 @@ Context managers, each active only for the duration of one simulated step:
   fake output has the real one's size, exactly what the real run allocates. Anything
   touched by a tensor without values (a weight, an activation) has none, so routing by a
   router's scores still raises, and a write into a tensor from one without values drops its
-  values. Real values are batch-sized: the extra work is a few small ops per step.
+  values. Only outputs of at most MAX_VALUE_ELEMENTS elements get values (a (b, s, s) mask
+  built from the attention mask at long sequences does not), so the real work stays
+  batch-sized: a few small ops per step.
 
 Known limitations: the mask patch targets the SDPA/eager mask helpers of transformers 5.x
 `masking_utils`; other value-reading shortcuts (packed-sequence detection when no
@@ -213,6 +215,9 @@ def adapters_cast_in_place():
 
 
 _VALUES = WeakIdKeyDictionary()  # fake tensor -> the real tensor it stands for (batch-derived only)
+# Values are computed only for outputs up to this many elements (a batch is b x s, at most a
+# few million tokens); a larger one (a (b, s, s) mask built from the attention mask) gets none.
+MAX_VALUE_ELEMENTS = 1 << 24
 # Ops whose output size is read from values: answered from them (the fake kernel raises).
 _SIZED_BY_VALUES = (torch.ops.aten.nonzero.default,)
 
@@ -239,17 +244,21 @@ class _BatchValues(TorchDispatchMode):
                     if argument.alias_info is not None and argument.alias_info.is_write and value in _VALUES:
                         del _VALUES[value]
             return func(*args, **kwargs)
+        sized_by_values = func in _SIZED_BY_VALUES or func is torch.ops.aten._local_scalar_dense.default
+        out = None
+        if not sized_by_values:
+            out = func(*args, **kwargs)
+            if any(isinstance(t, torch.Tensor) and t.numel() > MAX_VALUE_ELEMENTS for t in pytree.tree_leaves(out)):
+                return out  # too large to compute for real (a (b, s, s) mask at long sequences): no values
         real_args, real_kwargs = pytree.tree_map_only(FakeTensor, _VALUES.__getitem__, (args, kwargs))
         with unset_fake_temporarily():
             real = func(*real_args, **real_kwargs)
         if func is torch.ops.aten._local_scalar_dense.default:
             return real
-        if func in _SIZED_BY_VALUES:
+        if out is None:  # sized by the values: the fake output takes the real one's size
             device = fakes[0].device
             out = pytree.tree_map_only(torch.Tensor, lambda r: torch.empty_strided(
                 r.shape, r.stride(), dtype=r.dtype, device=device), real)
-        else:
-            out = func(*args, **kwargs)
         for fake, value in zip(pytree.tree_leaves(out), pytree.tree_leaves(real)):
             if isinstance(fake, FakeTensor) and isinstance(value, torch.Tensor):
                 _VALUES[fake] = value
