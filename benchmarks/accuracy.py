@@ -155,6 +155,10 @@ def run_one(model: str, mode: Mode, values: dict) -> dict:
         # A CUDA plan rounds each state tensor (at most three per parameter, and bitsandbytes' two
         # quantile maps) up to the caching allocator's 512 B; a simulated step counts exact sizes.
         "state_rounding_bytes": 511 * (3 * len(c.shape.params) + 2) if scenario.device.value == "cuda" else 0,
+        # ... and the simulated step counts the `step` scalars torch's Adam, AdamW and Adafactor keep
+        # on the CPU beside CUDA parameters (4 B a tensor), which a CUDA plan leaves out.
+        "state_cpu_hosted_bytes": (4 * len(c.shape.params) if scenario.device.value == "cuda"
+                                   and scenario.optimizer.value in ("adam", "adamw", "adafactor") else 0),
         "seconds": round(c.seconds, 1),
         "method": planned.confidence.value,
     }

@@ -234,6 +234,9 @@ def check_scenario_fits_model(shape: ModelShape, scenario: Scenario) -> None:
 # fused (torch/optim/optimizer.py `_default_to_fused_or_foreach`); Adafactor keeps its
 # per-tensor loop unless asked (torch/optim/_adafactor.py), and bitsandbytes its own kernels.
 _CUDA_MULTI_TENSOR = (Optimizer.ADAMW, Optimizer.ADAM, Optimizer.SGD, Optimizer.ADAMW_FUSED)
+# Optimizers whose step is the same per-tensor Python loop on CUDA as on the CPU (torch's
+# Adafactor unless foreach is asked for; transformers' Adafactor): probed on the CPU.
+PER_TENSOR_ON_CUDA = (Optimizer.ADAFACTOR, Optimizer.HF_ADAFACTOR)
 
 
 def _adapter_step_bytes(trainable: tuple[tuple[str, tuple[int, ...], int], ...], scenario: Scenario) -> int | None:
@@ -437,9 +440,13 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     notes = []
     confidence = Confidence.MODELLED
     activations_bytes = saved + logits
-    # On CUDA the optimizer step's temporaries are read from torch's code (planner.optimizer_step):
-    # a foreach step holds one for every tensor at once, which the reduced model cannot show.
-    cuda_step = phases[2].temporaries if scenario.device is Device.CUDA else None
+    # On CUDA a multi-tensor step's temporaries are read from torch's code (planner.optimizer_step):
+    # a foreach step holds one for every tensor at once, which the reduced model cannot show, and
+    # bitsandbytes' CUDA kernels update in place. A per-tensor loop runs the same code on either
+    # device, so its probed step is exact on CUDA too (torch's Adafactor read as two
+    # largest-tensor temporaries was 0.46 GB high on Llama-2-7B: its loop holds one at a time).
+    cuda_step = (phases[2].temporaries if scenario.device is Device.CUDA
+                 and scenario.optimizer not in PER_TENSOR_ON_CUDA else None)
     probed = _probed_phases(shape, scenario, weights, state, cuda_step)
     if isinstance(probed, str):
         kernels = " (its CUDA terms read from the kernels' code)" if scenario.device is Device.CUDA else ""

@@ -4,8 +4,9 @@ One file per catalog config, holding its probe tables for the default technique 
 (default task, SDPA where the model has it, the lessons' loop, no checkpointing; fp32 and
 bf16 autocast; batch 1 and larger batches; `--all` adds pure bf16 and checkpointing), on CPU
 kernels and on the CUDA kernels CUDA plans are probed with (planner.probe.cache.probe_gpu),
-and the optimizer step's temporaries on CPU (AdamW; `--all`: the fit finder's four optimizers;
-CUDA's step is read from torch's code, planner.optimizer_step). Anything else is probed on
+and the optimizer step's temporaries on CPU (AdamW and both Adafactors, whose per-tensor loops
+CUDA plans take too; `--all`: the fit finder's optimizers as well; CUDA's multi-tensor steps are
+read from torch's code, planner.optimizer_step). Anything else is probed on
 first use and cached per user.
 tests/test_probe_cache.py checks a shipped table against a fresh probe.
 
@@ -41,7 +42,11 @@ from planner.probe import cache  # noqa: E402
 from planner.scenario import scenario_from_values  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16-mixed", "bf16", "fp16-mixed")  # fp16-mixed: what a T4 (no bf16) searches
-STEP_OPTIMIZERS = ("adamw", "adamw8bit", "hf-adafactor", "sgd")
+STEP_OPTIMIZERS = ("adamw", "adamw8bit", "hf-adafactor", "sgd", "adafactor")
+# Shipped for every model: AdamW, and the per-tensor loops a CUDA plan takes its step from
+# (planner.estimate.PER_TENSOR_ON_CUDA: the Plan page's technique chart draws torch's Adafactor,
+# the fit finder searches transformers').
+DEFAULT_STEP_OPTIMIZERS = ("adamw", "adafactor", "hf-adafactor")
 BATCH_CLASSES = (2, 1)  # batch 1 is a technique class of its own (planner.probe.cache)
 DEVICES = ("cpu", "cuda")
 
@@ -78,7 +83,7 @@ def ship(name: str, everything: bool, devices: tuple[str, ...] = DEVICES, eager:
             written += 1
         if "cpu" not in devices:
             continue
-        for optimizer in STEP_OPTIMIZERS if everything else STEP_OPTIMIZERS[:1]:
+        for optimizer in STEP_OPTIMIZERS if everything else DEFAULT_STEP_OPTIMIZERS:
             scenario = scenario_from_values(task=entry.default_task.value, batch_size=1, seq_len=8, device="cpu",
                                             precision=precision, optimizer=optimizer, attn=attentions[0])
             step = cache.probed_step_temporaries(shape, scenario)
