@@ -30,7 +30,8 @@ from planner.config_source import resolve_config  # noqa: E402
 from planner.estimate import Estimate, estimate  # noqa: E402
 from planner.loading import model_shape_for_config  # noqa: E402
 from planner.model_shape import ModelShape  # noqa: E402
-from planner.scenario import scenario_from_values  # noqa: E402
+from planner.optimizer_state import FP32_BYTES, STEP_TENSOR_OPTIMIZERS  # noqa: E402
+from planner.scenario import Device, scenario_from_values  # noqa: E402
 from runners.measure import measure_in_process  # noqa: E402
 from runners.request import Engine, Mode  # noqa: E402
 
@@ -154,11 +155,11 @@ def run_one(model: str, mode: Mode, values: dict) -> dict:
         "measured_state_bytes": measured["optimizer_state_bytes"],
         # A CUDA plan rounds each state tensor (at most three per parameter, and bitsandbytes' two
         # quantile maps) up to the caching allocator's 512 B; a simulated step counts exact sizes.
-        "state_rounding_bytes": 511 * (3 * len(c.shape.params) + 2) if scenario.device.value == "cuda" else 0,
+        "state_rounding_bytes": 511 * (3 * len(c.shape.params) + 2) if scenario.device is Device.CUDA else 0,
         # ... and the simulated step counts the `step` scalars torch's Adam, AdamW and Adafactor keep
         # on the CPU beside CUDA parameters (4 B a tensor), which a CUDA plan leaves out.
-        "state_cpu_hosted_bytes": (4 * len(c.shape.params) if scenario.device.value == "cuda"
-                                   and scenario.optimizer.value in ("adam", "adamw", "adafactor") else 0),
+        "state_cpu_hosted_bytes": (FP32_BYTES * len(c.shape.params) if scenario.device is Device.CUDA
+                                   and scenario.optimizer in STEP_TENSOR_OPTIMIZERS else 0),
         "seconds": round(c.seconds, 1),
         "method": planned.confidence.value,
     }

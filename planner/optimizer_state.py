@@ -84,6 +84,11 @@ def _per_tensor_state(shape: tuple[int, ...], optimizer: Optimizer, param_bytes:
     raise ValueError(f"no state model for optimizer {optimizer}")
 
 
+# torch optimizers whose state holds a `step` scalar tensor per parameter, kept on the CPU (not
+# capturable, not fused): beside CPU parameters it is state, beside CUDA ones it is host memory.
+STEP_TENSOR_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.ADAM, Optimizer.ADAFACTOR)
+
+
 def trainer_keeps_embeddings_in_32_bit(optimizer: Optimizer, engine: Engine) -> bool:
     """True when Trainer builds a bitsandbytes 8-bit optimizer from its optim string."""
     return engine is Engine.TRAINER and optimizer in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
@@ -112,7 +117,7 @@ def tensor_state_bytes(tensors: Iterable[tuple[str, tuple[int, ...], int]], opti
             total += 2 * on_device(math.prod(shape) * FP32_BYTES)  # bnb 32-bit Adam: two fp32 states
         else:
             total += _per_tensor_state(shape, optimizer, param_bytes, on_device)
-    if optimizer in (Optimizer.ADAMW, Optimizer.ADAM, Optimizer.ADAFACTOR) and device is Device.CPU:
+    if optimizer in STEP_TENSOR_OPTIMIZERS and device is Device.CPU:
         total += FP32_BYTES * len(tensors)  # CPU-hosted `step` tensors live where the params do
     if optimizer in (Optimizer.ADAM8BIT, Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT):
         if any(math.prod(shape) >= BNB_MIN_8BIT_SIZE and not (fp32_embeddings and name in embedding_names)

@@ -131,15 +131,13 @@ def ship_adapters(name: str) -> int:
 def prune_stale() -> int:
     """Drop shipped entries the planner no longer reads (an older probe format, or other library
     versions): keys name both (planner.probe.cache.technique_key)."""
-    import json
-
     dropped = 0
     for path in sorted(cache.SHIPPED_DIR.glob("*.json")):
         tables = cache._read(path)
         kept = {key: entry for key, entry in tables.items() if _current(key)}
         if len(kept) != len(tables):
             dropped += len(tables) - len(kept)
-            path.write_text(json.dumps(kept, separators=(",", ":")))
+            cache.write_tables(kept, path)
     return dropped
 
 

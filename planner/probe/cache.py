@@ -309,11 +309,16 @@ def store_step(shape: ModelShape, scenario: Scenario, step_bytes: int, path: Pat
 def _store_entry(key: str, entry: dict, path: Path) -> None:
     """Written whole, then renamed: never half a file."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         tables = _read(path)
         tables[key] = entry
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(tables, separators=(",", ":")))
-        temporary.replace(path)
+        write_tables(tables, path)
     except OSError:
         pass  # an unwritable cache costs a re-probe next time, never the answer
+
+
+def write_tables(tables: dict, path: Path) -> None:
+    """A config's whole file, written then renamed: never half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(tables, separators=(",", ":")))
+    temporary.replace(path)

@@ -30,27 +30,30 @@ Poly = tuple[tuple[int, int, int], ...]
 Bytes = tuple[int, int, int]  # by CATEGORIES
 
 
-# Sizes s is rounded up to, in the order of j's digits after s's own (see the module docstring).
-ROUNDINGS = ("ceil8", "ceil32")
+# Sizes s is rounded up to (kind: multiple), in the order of j's digits after s's own (see the
+# module docstring).
+ROUNDINGS = {"ceil8": 8, "ceil32": 32}
 _DIGIT = 100
 
 
 def rounded_sequence(kind: str, s: int) -> int:
-    multiple = {"ceil8": 8, "ceil32": 32}[kind]
+    multiple = ROUNDINGS[kind]
     return -(-s // multiple) * multiple
 
 
 def rounded_exponent(kind: str) -> int:
     """j of the rounding `kind` of s to the first power."""
-    return _DIGIT ** (1 + ROUNDINGS.index(kind))
+    return _DIGIT ** (1 + list(ROUNDINGS).index(kind))
 
 
 def monomial_value(i: int, j: int, b: int, s: int) -> int:
+    if j < _DIGIT:  # no rounded factor: most terms, on every walk
+        return b**i * s**j
     value = b**i * s**(j % _DIGIT)
     j //= _DIGIT
-    for kind in ROUNDINGS:
+    for multiple in ROUNDINGS.values():
         if j % _DIGIT:
-            value *= rounded_sequence(kind, s) ** (j % _DIGIT)
+            value *= (-(-s // multiple) * multiple) ** (j % _DIGIT)
         j //= _DIGIT
     return value
 
