@@ -105,7 +105,7 @@ def test_a_model_reading_its_batch_is_probed_with_the_batch_values_or_on_real_te
     from planner.probe import fake_mode
 
     if not batch_values:
-        monkeypatch.setattr(fake_mode, "_SIZED_BY_VALUES", ())
+        monkeypatch.setattr(fake_mode, "ANSWER_SIZES_FROM_VALUES", False)
     values = dict(task="sequence-classification", batch_size=2, seq_len=32, device="cpu", attn="eager")
     scenario = scenario_from_values(**values)
     shape = model_shape_for_config(TINY_DEBERTA, scenario.task, scenario.num_labels, "tiny")

@@ -129,11 +129,18 @@ def with_adapters(model: torch.nn.Module, scenario: Scenario) -> torch.nn.Module
 
 
 def synthetic_batch(config_dict: dict, scenario: Scenario, seed: int = 0, device: str = "cpu") -> dict:
-    """input_ids, an all-ones attention_mask (as a real unpadded batch has) and labels."""
+    """input_ids, an all-ones attention_mask (as a real unpadded batch has) and labels; an
+    encoder-decoder's rows end with its end-of-sequence token and hold no other."""
     generator = torch.Generator().manual_seed(seed)
     vocab = int(config_dict.get("vocab_size", 2))
     shape = (scenario.batch_size, scenario.seq_len)
     input_ids = torch.randint(0, vocab, shape, generator=generator)
+    eos = config_dict.get("eos_token_id")
+    if config_dict.get("is_encoder_decoder") and isinstance(eos, int) and 0 <= eos < vocab and vocab > 1:
+        # A tokenizer ends every row with </s>, and an encoder-decoder's sequence classifier
+        # reads the decoder's state there (T5, BART: every row must hold the same number).
+        input_ids[input_ids == eos] = (eos + 1) % vocab
+        input_ids[:, -1] = eos
     batch = {"input_ids": input_ids, "attention_mask": torch.ones(shape, dtype=torch.long)}
     if scenario.task is Task.SEQUENCE_CLASSIFICATION:
         batch["labels"] = torch.randint(0, scenario.num_labels, (scenario.batch_size,), generator=generator)

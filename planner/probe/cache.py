@@ -156,7 +156,7 @@ def _compute(shape: ModelShape, scenario: Scenario, key: str) -> ProbeTable:
 
     config_dict = json.loads(shape.source_config)
     config = load_transformers_config(config_dict, scenario.task, scenario.num_labels)
-    layout = layout_for(config)
+    layout = layout_for(config, scenario.task)
     _report(f"probing {shape.name} ({key.rsplit('|', 1)[0]}): the model's own step on fake tensors")
     exceeded = window_exceeded(shape, scenario)
     gpu = probe_gpu(scenario)

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class Backend(enum.Enum):
@@ -448,6 +449,8 @@ def _preprocess_mask(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor)
             # The mask kept for backward has ceil8(s) columns: this copy when s is not a multiple
             # of 8, the mask itself when it is (no copy then: see planner.probe.table).
             _announce_rounded(padded, padded.dim() - 1, "ceil8")
+            if padded.requires_grad:  # a bias that trains: the slice's backward makes a padded gradient
+                _PADDED_MASK_SIZES.add(tuple(padded.shape))
         mask = padded[..., :last]
     return mask.expand(query.size(0), query.size(1), query.size(2), key.size(2))
 
@@ -476,6 +479,36 @@ def rounded_sizes_to(listener):
 def _announce_rounded(tensor: torch.Tensor, dim: int, kind: str) -> None:
     for listener in list(_rounded_size_listeners):
         listener(tensor, dim, kind)
+
+
+# Shapes of the padded masks _preprocess_mask made of a bias that trains, in this context.
+_PADDED_MASK_SIZES: set[tuple[int, ...]] = set()
+
+
+class _PaddedBiasGradients(TorchDispatchMode):
+    """Gradients of a bias that trains (T5's position bias), sized as the CUDA kernels size them:
+    - the memory-efficient backward (attention_backward.cu, `_efficient_attention_backward`)
+      allocates the bias gradient with its last dimension aligned to 16 and returns the slice,
+      as the meta kernel does, but a fake tensor's storage would hold only the slice's
+      elements: here the slice keeps the whole (..., ceil16(s)) storage, announced;
+    - the backward of pad_bias<8>'s slice (`slice_backward`) makes a gradient of the padded
+      mask's (..., ceil8(s)) shape: announced."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.slice_backward.default and tuple(args[1]) in _PADDED_MASK_SIZES:
+            if args[2] in (-1, len(args[1]) - 1):
+                _announce_rounded(out, out.dim() - 1, "ceil8")
+            return out
+        if func is not torch.ops.aten._scaled_dot_product_efficient_attention_backward.default or out[3] is None:
+            return out
+        grad_bias, query = out[3], args[1]
+        last = grad_bias.size(-1)
+        padded = torch.empty((*grad_bias.shape[:-1], -(-last // 16) * 16), dtype=grad_bias.dtype,
+                             device=grad_bias.device)
+        if last == query.size(-2):
+            _announce_rounded(padded, padded.dim() - 1, "ceil16")
+        return (*out[:3], padded[..., :last])
 
 
 class _Choices:
@@ -646,12 +679,14 @@ def cuda_kernels(gpu: CudaGpu | str = "sm90"):
         optimizer_module._get_foreach_kernels_supported_devices = lambda: [*foreach_devices(), "cpu"]
         if added_type:
             foreach_types.append(FakeTensor)
-        yield choices
+        with _PaddedBiasGradients():
+            yield choices
     finally:
         if added_type and FakeTensor in foreach_types:
             foreach_types.remove(FakeTensor)
         optimizer_module._get_foreach_kernels_supported_devices = foreach_devices
         library._destroy()
+        _PADDED_MASK_SIZES.clear()
 
 
 def saved_during(fn) -> list[tuple[tuple[int, ...], torch.dtype]]:

@@ -86,7 +86,12 @@ import sys
 
 import torch
 from torch._subclasses import fake_impls
-from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager, unset_fake_temporarily
+from torch._subclasses.fake_tensor import (
+    DynamicOutputShapeException,
+    FakeTensor,
+    in_kernel_invocation_manager,
+    unset_fake_temporarily,
+)
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
@@ -220,6 +225,10 @@ _VALUES = WeakIdKeyDictionary()  # fake tensor -> the real tensor it stands for 
 MAX_VALUE_ELEMENTS = 1 << 24
 # Ops whose output size is read from values: answered from them (the fake kernel raises).
 _SIZED_BY_VALUES = (torch.ops.aten.nonzero.default,)
+# Off, an op sized by values raises as on plain fake tensors (the probe then falls back to
+# real tensors): tests switch it off to check that fallback.
+ANSWER_SIZES_FROM_VALUES = True
+_INDEX = torch.ops.aten.index.Tensor
 
 
 def fake_batch(fake_mode, batch: dict) -> dict:
@@ -231,12 +240,39 @@ def fake_batch(fake_mode, batch: dict) -> dict:
     return faked
 
 
+def _is_valued_mask(index) -> bool:
+    return isinstance(index, FakeTensor) and index.dtype in (torch.bool, torch.uint8) and index in _VALUES
+
+
+def _masks_as_positions(indices: list) -> list:
+    """A boolean mask index is the positions where it is true (how ATen's index kernel reads it,
+    `expandTensors`): one long index per mask dimension, fake, with those positions as values.
+    The kernel makes these inside one op, so they are not the step's tensors: built outside
+    the dispatch modes (from_tensor), only the op's output is seen."""
+    out = []
+    for index in indices:
+        if not _is_valued_mask(index):
+            out.append(index)
+            continue
+        with unset_fake_temporarily():
+            where = _VALUES[index].nonzero().unbind(1)
+        for positions in where:
+            fake = index.fake_mode.from_tensor(positions.contiguous())
+            _VALUES[fake] = positions
+            out.append(fake)
+    return out
+
+
 class _BatchValues(TorchDispatchMode):
     """Runs ops on the values of fake tensors that have them (see module doc)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         fakes = [t for t in pytree.arg_tree_leaves(*args, **kwargs) if isinstance(t, FakeTensor)]
+        if ANSWER_SIZES_FROM_VALUES and func is _INDEX and args[0] not in _VALUES and any(_is_valued_mask(index) for index in args[1]):
+            # Activations picked by a mask made from the batch (an encoder-decoder classifier's
+            # `hidden[input_ids == eos]`): the fake kernel cannot size it, the positions can.
+            return func(args[0], _masks_as_positions(args[1]))
         if not fakes or not all(t in _VALUES for t in fakes):
             schema = getattr(func, "_schema", None)
             if schema is not None and schema.is_mutable:  # written from something without values: they are gone
@@ -244,10 +280,17 @@ class _BatchValues(TorchDispatchMode):
                     if argument.alias_info is not None and argument.alias_info.is_write and value in _VALUES:
                         del _VALUES[value]
             return func(*args, **kwargs)
-        sized_by_values = func in _SIZED_BY_VALUES or func is torch.ops.aten._local_scalar_dense.default
+        sized_by_values = (func is torch.ops.aten._local_scalar_dense.default
+                           or (ANSWER_SIZES_FROM_VALUES and func in _SIZED_BY_VALUES))
         out = None
         if not sized_by_values:
-            out = func(*args, **kwargs)
+            try:
+                out = func(*args, **kwargs)
+            except DynamicOutputShapeException:  # unique_consecutive, masked_select ...: sized by the values
+                if not ANSWER_SIZES_FROM_VALUES:
+                    raise
+                sized_by_values = True
+        if out is not None:
             if any(isinstance(t, torch.Tensor) and t.numel() > MAX_VALUE_ELEMENTS for t in pytree.tree_leaves(out)):
                 return out  # too large to compute for real (a (b, s, s) mask at long sequences): no values
         real_args, real_kwargs = pytree.tree_map_only(FakeTensor, _VALUES.__getitem__, (args, kwargs))

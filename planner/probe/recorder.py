@@ -14,7 +14,9 @@ marked `unsized` and the solver refuses it rather than guessing.
 
 from __future__ import annotations
 
+import math
 import re
+import weakref
 from dataclasses import dataclass, field
 
 from torch.distributed._tools.common_utils import get_untyped_storages
@@ -57,10 +59,16 @@ class Recording:
 class Recorder(TrainableMemTracker):
     """MemTracker that writes down its updates (see the module docstring)."""
 
-    def __init__(self, recording: Recording, block_prefix: str) -> None:
+    def __init__(self, recording: Recording, stacks: tuple[tuple[str, int], ...]) -> None:
+        """`stacks`: (ModuleList of blocks, number of its first block), in the order they run;
+        an encoder-decoder's decoder block 0 is numbered on from its encoder's last."""
         super().__init__()
         self.recording = recording
-        self._block = re.compile(re.escape(block_prefix) + r"\.(\d+)$")
+        self._stacks = tuple((re.compile(re.escape(prefix) + r"\.(\d+)$"), first) for prefix, first in stacks)
+        # Storages the tracker will first see through a view (note_inputs, note_rounded):
+        # storage -> (shape, element size) of the tensor that made it.
+        self._creators: dict[int, tuple[tuple[int, ...], int]] = {}
+        self._rounded_before: dict[int, tuple[int, str]] = {}  # storage -> announced (dim, kind)
         self._index: dict[int, int] = {}  # id(winfo) -> creation index
         self._alive: dict[int, tuple[int, str]] = {}  # id(winfo) -> (index, category)
         self._winfos: dict[int, object] = {}  # keeps winfo ids unique while they are referenced
@@ -81,28 +89,48 @@ class Recorder(TrainableMemTracker):
         super()._track(reftype, t)
         self._note_shape(t)
 
+    def note_inputs(self, tensors) -> None:
+        """Tensors made before the step (the batch): the tracker first sees their storages
+        through a view an op returns (a slice of input_ids an encoder-decoder shifts into
+        decoder inputs), and the view is not the tensor that made the storage."""
+        for t in tensors:
+            for storage in get_untyped_storages(t):
+                self._creators[storage._cdata] = (tuple(t.shape), t.element_size())
+                # A batch dies in the step (the next micro-batch is bound): its address may be
+                # reused by a new storage, which must not take its shape.
+                weakref.finalize(t, self._creators.pop, storage._cdata, None)
+
     def _note_shape(self, t) -> None:
-        """The first tensor seen on a new storage is the one that created it."""
+        """The first tensor seen on a new storage is the one that created it (note_inputs')."""
         for storage in get_untyped_storages(t):
             winfo, _ = self._WINFO.get(storage, (None, None))
             index = self._index.get(id(winfo)) if winfo is not None else None
             if index is not None and self.recording.sizes[index][0] is None:
                 nbytes = self.recording.sizes[index][2]
-                self.recording.sizes[index] = (tuple(t.shape), t.element_size(), nbytes)
-                if t.numel() * t.element_size() != nbytes:
-                    self.recording.unsized.append(f"storage {index}: {nbytes} B behind a {tuple(t.shape)} tensor")
+                # Popped: a storage freed later may leave its address to a new one.
+                shape, element_size = self._creators.pop(storage._cdata, (tuple(t.shape), t.element_size()))
+                self.recording.sizes[index] = (shape, element_size, nbytes)
+                if storage._cdata in self._rounded_before:
+                    self.recording.rounded[index] = self._rounded_before.pop(storage._cdata)
+                if math.prod(shape) * element_size != nbytes:
+                    self.recording.unsized.append(f"storage {index}: {nbytes} B behind a {shape} tensor")
 
     def note_rounded(self, t, dim: int, kind: str) -> None:
-        """`t`'s dimension `dim` is `kind` of the sequence length (its kernel says so)."""
+        """`t`'s dimension `dim` is `kind` of the sequence length (its kernel says so). A kernel
+        that returns a slice of `t` (the memory-efficient backward's bias gradient) announces
+        it before the tracker sees the slice: `t` is then the storage's creating tensor."""
         for storage in get_untyped_storages(t):
             winfo, _ = self._WINFO.get(storage, (None, None))
             index = self._index.get(id(winfo)) if winfo is not None else None
             if index is not None:
                 self.recording.rounded[index] = (dim, kind)
+            else:
+                self._rounded_before[storage._cdata] = (dim, kind)
+                self._creators[storage._cdata] = (tuple(t.shape), t.element_size())
 
     def _label_block(self) -> int | None:
-        found = [int(match.group(1)) for name in self._mod_tracker.parents
-                 if (match := self._block.search(name))]
+        found = [first + int(match.group(1)) for name in self._mod_tracker.parents
+                 for pattern, first in self._stacks if (match := pattern.search(name))]
         if not found:
             return None
         # Forward enters block k before leaving k-1's hooks, backward the other way round.

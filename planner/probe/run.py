@@ -87,8 +87,33 @@ def _period(kinds: list) -> int | None:
     return None
 
 
-def layout_for(config) -> Layout:
-    layers = int(config.num_hidden_layers)
+# An encoder-decoder's decoder depth, by the names transformers' configs give it (T5:
+# num_decoder_layers; BART, mBART, Pegasus, Marian, LED: decoder_layers); else the encoder's.
+_DECODER_DEPTH = ("num_decoder_layers", "decoder_layers")
+
+
+def stack_depths(config, task=None) -> tuple[int, ...]:
+    """Depth of each stack of blocks the task's model runs, in the order it runs them. An
+    encoder-decoder's sequence classifier runs its encoder, then its decoder; its causal LM
+    (BartForCausalLM) the decoder alone."""
+    from planner.scenario import Task
+
+    encoder = int(config.num_hidden_layers)
+    if not getattr(config, "is_encoder_decoder", False):
+        return (encoder,)
+    decoder = next((int(v) for name in _DECODER_DEPTH if isinstance(v := getattr(config, name, None), int)), encoder)
+    return (decoder,) if task is Task.CAUSAL_LM else (encoder, decoder)
+
+
+def layout_for(config, task=None) -> Layout:
+    """`task`: the head the model is built with (an encoder-decoder's depends on it)."""
+    depths = stack_depths(config, task)
+    if len(depths) > 1 or getattr(config, "is_encoder_decoder", False):
+        # Two stacks (or a decoder whose depth is not num_hidden_layers) are probed at full
+        # depth: the period reduction below is written for one stack. Exact, and slower.
+        layers = sum(depths)
+        return Layout(layers, tuple(range(layers)), tuple(range(layers)), 0)
+    layers = depths[0]
     kinds = _layer_types(config, layers) or ["block"] * layers
     period = _period(kinds)
     if period is None or layers <= 2 * period + 2:
@@ -114,22 +139,31 @@ def reduced_config(config, layout: Layout, window_exceeded: bool):
     return reduced
 
 
-def block_prefix(model, count: int, real_layers: int) -> str:
-    """Qualified name of the ModuleList holding the `count` probed blocks."""
+def block_prefixes(model, layout: Layout, depths: tuple[int, ...]) -> tuple[str, ...]:
+    """Qualified names of the ModuleLists holding the probed blocks, in the order they run:
+    one stack, or an encoder-decoder's two (numbered on: the decoder's first block follows
+    the encoder's last)."""
     import torch
 
+    count, real_layers = len(layout.probed), layout.num_layers
     outermost = []
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.ModuleList) and not any(name.startswith(o + ".") for o in outermost):
             outermost.append(name)
     lengths = {name: len(model.get_submodule(name)) for name in outermost}
+    if len(depths) > 1:
+        stacks = tuple(name for name in outermost if lengths[name] in depths)
+        if tuple(lengths[name] for name in stacks) != tuple(depths):
+            raise ProbeUnsupported(f"cannot find the encoder's and decoder's blocks ({len(depths)} stacks of "
+                                   f"{', '.join(map(str, depths))} blocks)")
+        return stacks
     found = [name for name, length in lengths.items() if length == count]
     if len(found) != 1:
         raise ProbeUnsupported(f"cannot tell the repeated blocks apart ({len(found)} module lists of {count})")
     others = [name for name, length in lengths.items() if name != found[0] and length == real_layers > count]
     if others:
         raise ProbeUnsupported(f"a second stack of blocks ({others[0]}) is not reduced with {found[0]}")
-    return found[0]
+    return (found[0],)
 
 
 def _trainer_loss(model, batch):
@@ -137,14 +171,15 @@ def _trainer_loss(model, batch):
     return model(**batch).loss
 
 
-def _record(model, accelerator, fake, prefix: str, scenario: Scenario, batches: list[dict], gpu=None) -> Recording:
+def _record(model, accelerator, fake, stacks: tuple[tuple[str, int], ...], scenario: Scenario, batches: list[dict], gpu=None) -> Recording:
     """One probe: the step of `scenario`'s loop on `batches` (previous step's last, then two)."""
     from planner.probe.fake_cuda import rounded_sizes_to
     from planner.probe.fake_mode import simulation
 
     recording = Recording(scenario.batch_size, scenario.seq_len)
-    recorder = Recorder(recording, prefix)
+    recorder = Recorder(recording, stacks)
     recorder.track_external(model)
+    recorder.note_inputs(t for batch in batches for t in batch.values())
     lessons_loop = scenario.engine is Engine.ACCELERATE
     with (simulation(fake, gpu) if fake is not None else contextlib.nullcontext(), recorder,
           rounded_sizes_to(recorder.note_rounded), warnings.catch_warnings()):
@@ -204,7 +239,9 @@ def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout,
     with fake or contextlib.nullcontext(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = build_model(config_dict, scenario, config=reduced_config(config, layout, window_exceeded))
-    prefix = block_prefix(model, len(layout.probed), layout.num_layers)
+    depths = stack_depths(config, scenario.task)
+    prefixes = block_prefixes(model, layout, depths)
+    stacks = tuple((prefix, sum(depths[:i])) for i, prefix in enumerate(prefixes))  # first block's number
     accelerator = fresh_accelerator(dataclasses.replace(scenario, grad_accum_steps=1), cpu=True)
     model = accelerator.prepare(model)  # autocast and fp32 outputs, as the loops run the model
     recordings = []
@@ -221,5 +258,5 @@ def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout,
             batches = [fake_batch(fake, b) for b in batches]
         if number == 1:
             _first_step(model, accelerator, fake, batches[0], gpu)
-        recordings.append(_record(model, accelerator, fake, prefix, probe_scenario, batches, gpu))
+        recordings.append(_record(model, accelerator, fake, stacks, probe_scenario, batches, gpu))
     return recordings

@@ -28,6 +28,7 @@ Why this is exact:
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 from planner.probe.recorder import Recording
@@ -290,6 +291,31 @@ def _segment_events(groups: dict, layout: Layout, live_at_start) -> dict[str, li
     return out
 
 
+def _grouped(events: list, count: int) -> tuple[dict, dict | None]:
+    """Events by "micro:direction", in runs by part (a block, or "outside"), and each group's
+    parts in order; the order is None (and `groups` the first bad group's parts) when the
+    blocks did not run one after the other."""
+    groups: dict[str, list[tuple[str, list]]] = {}
+    for event in events:
+        group = f"{event.micro_batch}:{'bw' if event.backward else 'fw'}"
+        runs = groups.setdefault(group, [])
+        # Events between blocks belong to the block before them (sticky); those before the
+        # first block of a direction to "outside" (embeddings in forward, loss and head in backward).
+        part = str(event.block) if event.block is not None else (runs[-1][0] if runs else "outside")
+        if not runs or runs[-1][0] != part:
+            runs.append((part, []))
+        runs[-1][1].append(event)
+    order = {}
+    for group, runs in groups.items():
+        parts = [part for part, _ in runs]
+        blocks = [p for p in parts if p != "outside"]
+        expected = [str(i) for i in (range(count - 1, -1, -1) if group.endswith("bw") else range(count))]
+        if blocks != expected or parts.count("outside") > 1 or ("outside" in parts and parts[0] != "outside"):
+            return f"{group}: {parts}", None
+        order[group] = tuple(parts)
+    return groups, order
+
+
 def solve(recordings: list[Recording], layout: Layout, key: str, on_real_tensors: bool = False) -> ProbeTable:
     _check_aligned(recordings)
     polys = _storage_polys(recordings)
@@ -300,25 +326,15 @@ def solve(recordings: list[Recording], layout: Layout, key: str, on_real_tensors
     for index, category in recordings[0].live_at_start:
         if category in CATEGORIES:
             _add(initial[CATEGORIES.index(category)], polys[index], +1)
-    groups: dict[str, list[tuple[str, list]]] = {}
-    for event in recordings[0].events:
-        group = f"{event.micro_batch}:{'bw' if event.backward else 'fw'}"
-        runs = groups.setdefault(group, [])
-        # Events between blocks belong to the block before them (sticky); those before the
-        # first block of a direction to "outside" (embeddings in forward, loss and head in backward).
-        part = str(event.block) if event.block is not None else (runs[-1][0] if runs else "outside")
-        if not runs or runs[-1][0] != part:
-            runs.append((part, []))
-        runs[-1][1].append(event)
-    count = len(layout.probed)
-    order = {}
-    for group, runs in groups.items():
-        parts = [part for part, _ in runs]
-        blocks = [p for p in parts if p != "outside"]
-        expected = [str(i) for i in (range(count - 1, -1, -1) if group.endswith("bw") else range(count))]
-        if blocks != expected or parts.count("outside") > 1 or ("outside" in parts and parts[0] != "outside"):
-            raise ProbeUnsupported(f"blocks ran out of order in {group}: {parts}")
-        order[group] = tuple(parts)
+    groups, order = _grouped(recordings[0].events, len(layout.probed))
+    if order is None and not layout.reduced:
+        # Every block probed as itself repeats nothing, so the blocks need not run one after
+        # the other: an encoder-decoder's backward takes each decoder block's cross-attention
+        # to the encoder's output after the decoder's first block. The step is one segment.
+        recordings[0].events = [dataclasses.replace(event, block=None) for event in recordings[0].events]
+        groups, order = _grouped(recordings[0].events, 0)
+    if order is None:
+        raise ProbeUnsupported(f"blocks ran out of order in {groups}")
     segments = {}
     variants = _segment_events(groups, layout, recordings[0].live_at_start)
     for name, variant in variants.items():

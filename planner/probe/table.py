@@ -5,9 +5,10 @@ costs a walk over the real model's blocks, microseconds.
 
 A polynomial is a tuple of (i, j, c) terms: c · b^i · s^j bytes, where j's higher base-100
 digits count powers of sizes CUDA's kernels round s up to (ROUNDINGS): j = m + 100 · k1 +
-10000 · k2 is s^m · ceil8(s)^k1 · ceil32(s)^k2. CUDA's memory-efficient attention sizes by
-them: its log-sum-exp is (b, h, ceil32(s)), and the mask it keeps for backward has ceil8(s)
-columns (planner.probe.fake_cuda). A table holds, for each
+10000 · k2 + 1000000 · k3 is s^m · ceil8(s)^k1 · ceil32(s)^k2 · ceil16(s)^k3. CUDA's
+memory-efficient attention sizes by them: its log-sum-exp is (b, h, ceil32(s)), the mask it
+keeps for backward has ceil8(s) columns, and the gradient of a bias that trains (T5's
+position bias) ceil16(s) (planner.probe.fake_cuda). A table holds, for each
 segment of the recorded step (micro-batch, forward or backward, and which block or the
 part before the blocks), its net change of live bytes by category and the candidates for
 its high point (live bytes by category at the moments no other moment dominates for every
@@ -32,7 +33,7 @@ Bytes = tuple[int, int, int]  # by CATEGORIES
 
 # Sizes s is rounded up to (kind: multiple), in the order of j's digits after s's own (see the
 # module docstring).
-ROUNDINGS = {"ceil8": 8, "ceil32": 32}
+ROUNDINGS = {"ceil8": 8, "ceil32": 32, "ceil16": 16}
 _DIGIT = 100
 
 
