@@ -224,6 +224,10 @@ def check_scenario_fits_model(shape: ModelShape, scenario: Scenario) -> None:
             f"{shape.architecture} does not support an attention implementation through "
             "torch.nn.functional.scaled_dot_product_attention yet: use --attn eager"
         )
+    if scenario.checkpointing is Checkpointing.EVERY_LAYER and not shape.supports_checkpointing:
+        # transformers' own refusal (PreTrainedModel.gradient_checkpointing_enable), with what to do.
+        raise PlannerInputError(f"{shape.architecture} does not support activation checkpointing: "
+                                "plan without --gradient-checkpointing")
     if scenario.task is not shape.task or (
         scenario.task is Task.SEQUENCE_CLASSIFICATION and scenario.num_labels != shape.num_labels
     ):

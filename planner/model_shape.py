@@ -142,6 +142,8 @@ class ModelShape:
     source_config: str | None = None  # the config as canonical JSON: what the probe builds
     sliding_window: int | None = None  # attention window of the layers that have one
     supports_sdpa: bool = True  # the class's `_supports_sdpa`: transformers refuses attn="sdpa" otherwise
+    # the class's `supports_gradient_checkpointing`: transformers refuses to enable it otherwise
+    supports_checkpointing: bool = True
     stats: ParameterStats = field(init=False)
 
     def __post_init__(self) -> None:

@@ -224,6 +224,7 @@ def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: 
         fsdp_units=_fsdp_units(model, input_embeddings, output_embeddings, tied),
         source_config=json.dumps(config_dict, sort_keys=True, default=str),
         supports_sdpa=bool(getattr(model, "_supports_sdpa", False)),
+        supports_checkpointing=bool(getattr(model, "supports_gradient_checkpointing", False)),
         sliding_window=_effective_sliding_window(config),
     )
 

@@ -59,6 +59,8 @@ def shape_to_json(shape: ModelShape) -> dict:
         embedding_param_names=sorted(shape.embedding_param_names),
         fsdp_units=[[unit.kind.value, sorted(unit.param_names)] for unit in shape.fsdp_units],
     )
+    if not shape.supports_checkpointing:  # written only when False: every catalog model supports it
+        record["supports_checkpointing"] = False
     return record
 
 
@@ -74,7 +76,7 @@ def shape_from_json(record: dict, source_config: str, name: str, num_labels: int
         params=params, mlp=MlpKind(record["mlp"]), norm=NormKind(record["norm"]),
         embedding_param_names=frozenset(record["embedding_param_names"]),
         fsdp_units=tuple(FsdpUnit(FsdpUnitKind(kind), frozenset(names)) for kind, names in record["fsdp_units"]),
-        source_config=source_config,
+        source_config=source_config, supports_checkpointing=record.get("supports_checkpointing", True),
         **{field: record[field] for field in _SCALARS},
     )
 

@@ -39,8 +39,11 @@ def build_model(config_dict: dict, scenario: Scenario, seed: int = 0, config=Non
     # bf16 ones. Built in that dtype rather than converted: a fake-tensor model (simulate
     # mode) cannot be converted in place.
     dtype = torch.bfloat16 if scenario.precision is Precision.BF16 else torch.float32
-    model = auto_class.from_config(config, attn_implementation=scenario.attention.value,
-                                   trust_remote_code=False, dtype=dtype)
+    from planner.probe.fake_mode import fake_weight_init
+
+    with fake_weight_init():
+        model = auto_class.from_config(config, attn_implementation=scenario.attention.value,
+                                       trust_remote_code=False, dtype=dtype)
     if scenario.finetune.method is Method.QLORA:
         return quantized_lora(model, scenario)
     if scenario.checkpointing is Checkpointing.EVERY_LAYER:

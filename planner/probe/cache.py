@@ -150,14 +150,26 @@ def _report(message: str) -> None:
 
 
 def _compute(shape: ModelShape, scenario: Scenario, key: str) -> ProbeTable:
-    from planner.probe.run import ProbeUnsupported, layout_for, record_probes
-    from planner.probe.solve import solve
+    from planner.probe.run import BlocksNotFound, full_depth, layout_for
     from planner.shapes_from_config import load_transformers_config
 
     config_dict = json.loads(shape.source_config)
     config = load_transformers_config(config_dict, scenario.task, scenario.num_labels)
     layout = layout_for(config, scenario.task)
     _report(f"probing {shape.name} ({key.rsplit('|', 1)[0]}): the model's own step on fake tensors")
+    try:
+        return _compute_at(shape, scenario, key, config_dict, config, layout)
+    except BlocksNotFound as error:
+        # No ModuleList holds the blocks one by one (ALBERT shares one layer group): every
+        # block is run, and nothing needs to repeat.
+        _report(f"{error}: probing all {layout.num_layers} blocks")
+        return _compute_at(shape, scenario, key, config_dict, config, full_depth(layout.num_layers))
+
+
+def _compute_at(shape: ModelShape, scenario: Scenario, key: str, config_dict: dict, config, layout) -> ProbeTable:
+    from planner.probe.run import ProbeUnsupported, record_probes
+    from planner.probe.solve import solve
+
     exceeded = window_exceeded(shape, scenario)
     gpu = probe_gpu(scenario)
     # fp32 weights, gradients, init, slack (QLoRA: the fp32 copy it is quantised from, saved and loaded)

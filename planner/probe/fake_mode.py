@@ -55,6 +55,10 @@ Context managers, each active only for the duration of one simulated step:
   all-fake module is given fresh fake tensors of the same shape, strides, dtype and
   requires_grad in the model's mode (a fake tensor's values are never read).
 
+- `fake_weight_init()`: building a model on fake tensors where its weight init reads
+  values (torch's `trunc_normal_` rejection loop, ModernBERT): such an init leaves a fake
+  tensor as it is.
+
 - `batch_values()`: a fake tensor has no values, so an op whose output size depends on them
   (`nonzero`) raises DynamicOutputShapeException. Models run such ops on the batch, not on
   weights: DeBERTa-v2's sequence classifier keeps the labelled rows with
@@ -217,6 +221,36 @@ def adapters_cast_in_place():
         yield
     finally:
         torch.nn.Module.to, copy.deepcopy = to, deepcopy
+
+
+def _skip_fake(initializer):
+    @functools.wraps(initializer)
+    def wrapper(tensor, *args, **kwargs):
+        return tensor if isinstance(tensor, FakeTensor) else initializer(tensor, *args, **kwargs)
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def fake_weight_init():
+    """Build a model on fake tensors whose init reads values: torch 2.13's `trunc_normal_`
+    (ModernBERT's init) draws and redraws until no value is out of bounds (`mask.any()`,
+    `.item()`), which a fake tensor cannot answer. An in-place init of a fake tensor writes
+    no value and allocates nothing the step sees, so inside this context it returns the
+    tensor as it is (as torch's own init does for meta tensors); real tensors are drawn."""
+    from transformers import initialization
+
+    original = torch.nn.init.trunc_normal_
+    registered = initialization.TORCH_INIT_FUNCTIONS.get("trunc_normal_")
+    torch.nn.init.trunc_normal_ = _skip_fake(original)
+    if registered is not None:
+        initialization.TORCH_INIT_FUNCTIONS["trunc_normal_"] = _skip_fake(registered)
+    try:
+        yield
+    finally:
+        torch.nn.init.trunc_normal_ = original
+        if registered is not None:
+            initialization.TORCH_INIT_FUNCTIONS["trunc_normal_"] = registered
 
 
 _VALUES = WeakIdKeyDictionary()  # fake tensor -> the real tensor it stands for (batch-derived only)

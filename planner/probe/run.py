@@ -48,6 +48,11 @@ class ProbeUnsupported(Exception):
     """The probe cannot run this model or technique; the message is one line saying why."""
 
 
+class BlocksNotFound(ProbeUnsupported):
+    """The reduced model's blocks are not one ModuleList of them (shared layers, a second
+    stack): the model can still be probed at full depth."""
+
+
 @dataclass(frozen=True)
 class Layout:
     """Which real layer each probed block stands for.
@@ -105,14 +110,18 @@ def stack_depths(config, task=None) -> tuple[int, ...]:
     return (decoder,) if task is Task.CAUSAL_LM else (encoder, decoder)
 
 
+def full_depth(layers: int) -> Layout:
+    """Every block probed as itself."""
+    return Layout(layers, tuple(range(layers)), tuple(range(layers)), 0)
+
+
 def layout_for(config, task=None) -> Layout:
     """`task`: the head the model is built with (an encoder-decoder's depends on it)."""
     depths = stack_depths(config, task)
     if len(depths) > 1 or getattr(config, "is_encoder_decoder", False):
         # Two stacks (or a decoder whose depth is not num_hidden_layers) are probed at full
         # depth: the period reduction below is written for one stack. Exact, and slower.
-        layers = sum(depths)
-        return Layout(layers, tuple(range(layers)), tuple(range(layers)), 0)
+        return full_depth(sum(depths))
     layers = depths[0]
     kinds = _layer_types(config, layers) or ["block"] * layers
     period = _period(kinds)
@@ -131,7 +140,10 @@ def reduced_config(config, layout: Layout, window_exceeded: bool):
         for name, value in list(vars(reduced).items()):
             if isinstance(value, list) and len(value) == layers and name not in ("architectures",):
                 setattr(reduced, name, [value[i] for i in layout.probed])
-        reduced.num_hidden_layers = len(layout.probed)
+        try:
+            reduced.num_hidden_layers = len(layout.probed)
+        except (NotImplementedError, AttributeError) as error:  # Funnel: depth is `block_sizes`
+            raise BlocksNotFound(f"the config's depth cannot be reduced ({str(error).splitlines()[0][:80]})") from None
     if getattr(reduced, "sliding_window", None) is not None:
         # Only whether the sequence reaches the window changes what is allocated (the
         # mask is kept, at full s x s size): probe that regime at probe lengths.
@@ -142,7 +154,18 @@ def reduced_config(config, layout: Layout, window_exceeded: bool):
 def block_prefixes(model, layout: Layout, depths: tuple[int, ...]) -> tuple[str, ...]:
     """Qualified names of the ModuleLists holding the probed blocks, in the order they run:
     one stack, or an encoder-decoder's two (numbered on: the decoder's first block follows
-    the encoder's last)."""
+    the encoder's last). None at full depth where no ModuleList holds them one by one."""
+    try:
+        return _find_block_lists(model, layout, depths)
+    except ProbeUnsupported as error:
+        if layout.reduced:
+            raise BlocksNotFound(str(error)) from None
+        # At full depth nothing repeats, so the blocks need no names: the step is one segment
+        # (planner.probe.solve). ALBERT runs one shared layer group num_hidden_layers times.
+        return ()
+
+
+def _find_block_lists(model, layout: Layout, depths: tuple[int, ...]) -> tuple[str, ...]:
     import torch
 
     count, real_layers = len(layout.probed), layout.num_layers

@@ -43,12 +43,15 @@ def step_temporaries(shape: ModelShape, scenario: Scenario, gpu=None) -> int:
         build_optimizer,
         trainer_parameter_groups,
     )
-    from planner.probe.run import layout_for, reduced_config
+    from planner.probe.run import BlocksNotFound, layout_for, reduced_config
     from planner.shapes_from_config import load_transformers_config
 
     config_dict = json.loads(shape.source_config)
     config = load_transformers_config(config_dict, scenario.task, scenario.num_labels)
-    reduced = reduced_config(config, layout_for(config), window_exceeded=False)
+    try:
+        reduced = reduced_config(config, layout_for(config, scenario.task), window_exceeded=False)
+    except BlocksNotFound:  # a depth the config cannot set: every block
+        reduced = config
     built = scenario
     if scenario.finetune.method is Method.QLORA:
         # The step touches the trainable tensors only, and QLoRA's are LoRA's on an fp32 base
