@@ -13,6 +13,8 @@ accumulation keeps gradients alive):
 
 from __future__ import annotations
 
+import dataclasses
+
 import enum
 import math
 from dataclasses import dataclass
@@ -201,6 +203,24 @@ def _probed_phases(shape: ModelShape, scenario: Scenario, weights: int, state: i
                     walk.end.activations + walk.end.temporaries, step),
     )
     return phases, walk.forward_end_activations, table.on_real_tensors
+
+
+def _trained_shape(shape: ModelShape, scenario: Scenario) -> ModelShape:
+    """`shape` without the parameters its probed step leaves without a gradient (`shape`
+    itself when there are none)."""
+    from planner.probe.cache import probe_table
+
+    table = probe_table(shape, scenario)
+    unused = set(getattr(table, "no_gradient", ()))
+    if not unused:
+        return shape
+    return dataclasses.replace(shape, params=tuple(p for p in shape.params if p.name not in unused),
+                               embedding_param_names=shape.embedding_param_names - unused)
+
+
+def _first_untrained(shape: ModelShape, trained: ModelShape) -> str:
+    kept = {p.name for p in trained.params}
+    return next(p.name for p in shape.params if p.name not in kept)
 
 
 def _cuda_probe_note(method: str) -> str:
@@ -460,6 +480,17 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         confidence = Confidence.PROBED_REAL if on_real_tensors else Confidence.PROBED
         if scenario.device is Device.CUDA:
             notes.append(_cuda_probe_note("Full fine-tuning"))
+        trained = _trained_shape(shape, scenario)
+        if trained is not shape:
+            # torch's and bitsandbytes' optimizers skip a parameter whose gradient is None.
+            state = optimizer_state_bytes(trained, scenario.optimizer, scenario.precision, scenario.device,
+                                          scenario.engine)
+            gradients = parameter_tensor_bytes(trained, scenario.precision, scenario.device)
+            phases = tuple(dataclasses.replace(p, optimizer_state=state) for p in phases)
+            untrained = shape.stats.num_elements - trained.stats.num_elements
+            notes.append(f"{untrained:,} parameters ({len(shape.params) - len(trained.params)} tensors, such as "
+                         f"{_first_untrained(shape, trained)}) get no gradient in this task's step: they hold no "
+                         "gradient and no optimizer state")
     if confidence not in (Confidence.PROBED, Confidence.PROBED_REAL) and shape.family is ArchFamily.UNKNOWN:
         confidence = Confidence.GENERIC
         notes.append(f"no activation recipe for model_type {shape.model_type!r}: a generic pre-LayerNorm "

@@ -97,3 +97,24 @@ def test_activations_picked_by_a_mask_made_from_the_batch_have_the_real_count():
         assert tuple(picked.shape) == (3, 8)
         counts = torch.unique_consecutive(batch["input_ids"].eq(1).sum(1))
         assert tuple(counts.shape) == (2,)  # 1 and 2: sized from the values
+
+
+def test_a_decoder_run_without_its_encoder_holds_no_state_for_its_cross_attention():
+    """BartForCausalLM runs BART's decoder alone: its cross-attention weights exist but no
+    encoder output reaches them, so they get no gradient and AdamW keeps no state for them
+    (+17% state, +6.6% peak on BART-base before the probe recorded which parameters train)."""
+    values = dict(task="causal-lm", batch_size=2, seq_len=19, device="cpu")
+    scenario = scenario_from_values(**values)
+    shape = model_shape_for_config(TINY_BART, scenario.task, scenario.num_labels, "tiny-bart")
+    planned = estimate(shape, scenario)
+    assert planned.confidence is Confidence.PROBED, planned.notes
+    measured = simulate_step(TINY_BART, dict(values))
+    assert planned.optimizer_state_bytes == measured["optimizer_state_bytes"]
+    # AdamW: two fp32 moments per element and a 4-byte step per tensor, for the cross-attention
+    # tensors the real optimizer (measured above) never saw.
+    cross_attention = [p for p in shape.params if ".encoder_attn" in p.name]
+    assert cross_attention
+    every_parameter = sum(2 * 4 * p.numel + 4 for p in shape.params)
+    assert every_parameter - planned.optimizer_state_bytes == sum(2 * 4 * p.numel + 4 for p in cross_attention)
+    assert 0 <= planned.peak_bytes - measured["peak_bytes"] <= _previous_batch_views(values)
+    assert any("get no gradient" in note and "encoder_attn" in note for note in planned.notes)

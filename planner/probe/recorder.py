@@ -54,6 +54,8 @@ class Recording:
     # storage index -> (dimension, kind): a dimension its kernel announced as derived from the
     # sequence length (planner.probe.table.ROUNDINGS; planner.probe.fake_cuda.rounded_sizes_to)
     rounded: dict[int, tuple[int, str]] = field(default_factory=dict)
+    # parameters (the probed model's names) the step leaves without a gradient
+    no_gradient: list[str] = field(default_factory=list)
 
 
 class Recorder(TrainableMemTracker):

@@ -227,6 +227,8 @@ def _record(model, accelerator, fake, stacks: tuple[tuple[str, int], ...], scena
             del loss
         recorder.on = False
         del outputs
+        recording.no_gradient = [name for name, parameter in model.named_parameters()
+                                 if parameter.requires_grad and parameter.grad is None]
         model.zero_grad(set_to_none=True)
     return recording
 
@@ -282,4 +284,24 @@ def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout,
         if number == 1:
             _first_step(model, accelerator, fake, batches[0], gpu)
         recordings.append(_record(model, accelerator, fake, stacks, probe_scenario, batches, gpu))
+    for recording in recordings:
+        recording.no_gradient = real_names(recording.no_gradient, stacks, layout)
     return recordings
+
+
+def real_names(names: list[str], stacks: tuple[tuple[str, int], ...], layout: Layout) -> list[str]:
+    """The real model's parameters a probed model's names stand for: a probed block's
+    parameter is every real layer's that repeats that block (Layout.stands_for)."""
+    out = []
+    for name in names:
+        for prefix, first in stacks:
+            head = prefix + "."
+            if name.startswith(head) and name[len(head):].split(".", 1)[0].isdigit():
+                index, rest = name[len(head):].split(".", 1)
+                block = first + int(index)
+                out += [f"{head}{layer - first}.{rest}" for layer, probed in enumerate(layout.stands_for)
+                        if probed == block]
+                break
+        else:
+            out.append(name)
+    return out

@@ -342,4 +342,5 @@ def solve(recordings: list[Recording], layout: Layout, key: str, on_real_tensors
     trace = _trace(recordings[0], polys, variants, _made(groups, recordings[0].live_at_start)[0])
     return ProbeTable(key=key, num_layers=layout.num_layers, stands_for=layout.stands_for,
                       initial=tuple(_frozen(p) for p in initial), segments=segments, order=order,
-                      on_real_tensors=on_real_tensors, trace=trace)
+                      on_real_tensors=on_real_tensors, trace=trace,
+                      no_gradient=tuple(recordings[0].no_gradient))

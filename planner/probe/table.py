@@ -178,6 +178,9 @@ class ProbeTable:
     order: dict[str, tuple[str, ...]]  # "micro:direction" -> parts in the probed order
     on_real_tensors: bool = False  # probed on small real tensors: the model's code reads tensor values
     trace: ProbeTrace | None = None  # the allocation order (None: a table probed before traces were kept)
+    # Parameters the step leaves without a gradient (the cross-attention of an encoder-decoder's
+    # decoder run as a causal LM): they hold no optimizer state. Real names.
+    no_gradient: tuple[str, ...] = ()
 
     def _sequence(self, micro: int, backward: bool) -> list[str]:
         direction = "bw" if backward else "fw"
@@ -232,6 +235,8 @@ class ProbeTable:
                 "on_real_tensors": self.on_real_tensors}
         if self.trace is not None:  # a table without one writes exactly what it always wrote
             data["trace"] = self.trace.to_json()
+        if self.no_gradient:  # likewise
+            data["no_gradient"] = list(self.no_gradient)
         return data
 
     @classmethod
@@ -248,4 +253,5 @@ class ProbeTable:
                              for name, seg in data["segments"].items()},
                    order={name: tuple(parts) for name, parts in data["order"].items()},
                    on_real_tensors=bool(data.get("on_real_tensors", False)),
-                   trace=ProbeTrace.from_json(data["trace"]) if "trace" in data else None)
+                   trace=ProbeTrace.from_json(data["trace"]) if "trace" in data else None,
+                   no_gradient=tuple(data.get("no_gradient", ())))
