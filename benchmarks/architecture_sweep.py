@@ -1,7 +1,7 @@
 """Architectures outside the catalog: a tiny copy of each transformers config class, planned
 and measured.
 
-For every model type below, the config class's own defaults with small widths (64 hidden,
+For every case below (70 runs of 69 model types), the config class's own defaults with small widths (64 hidden,
 128 MLP, 4 heads, 2 key/value heads, 500 tokens, 5 layers: every block kind the defaults
 give), planned from its config (`planner.estimate`) and measured as a simulated step
 (runners.simulate_measure.simulate_step: the lessons' loop on fake tensors, MemTracker), on
@@ -52,7 +52,25 @@ CASES = [
     ("ernie", "masked-lm", "sdpa", {}), ("esm", "masked-lm", "sdpa", {}), ("modernbert", "masked-lm", "sdpa", {}),
     ("albert", "masked-lm", "sdpa", {"embedding_size": 32}), ("mpnet", "masked-lm", "eager", {}),
     ("roformer", "masked-lm", "eager", {}), ("funnel", "sequence-classification", "eager", {}),
-    ("t5", "sequence-classification", "sdpa", {"decoder_start_token_id": 0}),  # as T5's published configs ("bart", "sequence-classification", "sdpa", {}),
+    ("eurobert", "masked-lm", "sdpa", {}), ("nomic_bert", "masked-lm", "sdpa", {}), ("gte", "masked-lm", "sdpa", {}),
+    ("xlm-roberta-xl", "masked-lm", "sdpa", {}), ("roberta-prelayernorm", "masked-lm", "sdpa", {}),
+    ("data2vec-text", "masked-lm", "sdpa", {}), ("convbert", "masked-lm", "eager", {}),
+    ("deberta", "masked-lm", "eager", {}), ("megatron-bert", "masked-lm", "eager", {}),
+    ("rembert", "masked-lm", "eager", {}),
+    ("glm4", "causal-lm", "sdpa", {}), ("glm4_moe", "causal-lm", "sdpa", {}), ("granitemoe", "causal-lm", "sdpa", {}),
+    ("phimoe", "causal-lm", "sdpa", {}), ("mixtral", "causal-lm", "sdpa", {}), ("cohere2", "causal-lm", "sdpa", {}),
+    ("olmo3", "causal-lm", "sdpa", {}), ("seed_oss", "causal-lm", "sdpa", {}), ("ernie4_5", "causal-lm", "sdpa", {}),
+    ("hunyuan_v1_dense", "causal-lm", "sdpa", {}), ("ministral", "causal-lm", "sdpa", {}),
+    ("qwen3_next", "causal-lm", "sdpa", {}), ("lfm2", "causal-lm", "sdpa", {}), ("minimax", "causal-lm", "sdpa", {}),
+    ("bitnet", "causal-lm", "sdpa", {}), ("exaone", "causal-lm", "sdpa", {}), ("internlm3", "causal-lm", "sdpa", {}),
+    ("diffllama", "causal-lm", "sdpa", {}), ("doge", "causal-lm", "sdpa", {}), ("arcee", "causal-lm", "sdpa", {}),
+    ("apertus", "causal-lm", "sdpa", {}), ("nanochat", "causal-lm", "sdpa", {}), ("gpt_oss", "causal-lm", "eager", {}),
+    ("vaultgemma", "causal-lm", "eager", {}),
+    # Mamba hybrids: refused in one line where the probe cannot run them (a "failed" row).
+    ("jamba", "causal-lm", "sdpa", {}), ("falcon_h1", "causal-lm", "sdpa", {}),
+    # T5's published configs set decoder_start_token_id; the config class's defaults do not.
+    ("t5", "sequence-classification", "sdpa", {"decoder_start_token_id": 0}),
+    ("bart", "sequence-classification", "sdpa", {}),
     ("mbart", "sequence-classification", "sdpa", {}),
 ]
 

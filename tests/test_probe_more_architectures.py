@@ -68,3 +68,15 @@ def test_checkpointing_a_model_transformers_cannot_checkpoint_is_refused_in_its_
     shape = model_shape_for_config(TINY_ALBERT, scenario.task, scenario.num_labels, "tiny-albert")
     with pytest.raises(PlannerInputError, match="AlbertForMaskedLM does not support activation checkpointing"):
         estimate(shape, scenario)
+
+
+def test_a_mamba_hybrid_the_probe_cannot_run_is_refused_not_guessed():
+    """Jamba's Mamba layers run other ops at other sequence lengths, so the probe cannot
+    solve them; a generic decoder recipe read it 45% low (Falcon-H1 99%). A state-space
+    hybrid the probe cannot run is refused in one line, as a pure Mamba is."""
+    config = _tiny("jamba", num_hidden_layers=4, num_key_value_heads=2)
+    scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=24, device="cpu")
+    shape = model_shape_for_config(config, scenario.task, scenario.num_labels, "tiny-jamba")
+    with pytest.raises(PlannerInputError, match="JambaForCausalLM has state-space .Mamba. layers") as refused:
+        estimate(shape, scenario)
+    assert "\n" not in str(refused.value)
