@@ -122,10 +122,21 @@ def run_case(case: tuple, device: str) -> dict:
     return row
 
 
+def _summary(rows: list[dict], device: str) -> str:
+    done = [r for r in rows if "error_pct" in r and r["device"] == device]
+    probed = [r for r in done if r["method"] == "probed"]
+    errors = sorted(abs(r["error_pct"]) for r in probed)
+    text = (f"{device.upper()}: {len(probed)} of {len(done)} runs probed, median |error| "
+            f"{errors[len(errors) // 2] if errors else 0:.4f}%, maximum {max(errors, default=0):.4f}%")
+    if device == "cuda":
+        within = [r for r in probed if 0 <= r["estimated"] - r["measured"] <= r["rounding"]]
+        text += (f"; {len(within)} of {len(probed)} above the simulated step by no more than the plan's 512-byte "
+                 "rounding of the parameter tensors")
+    return text
+
+
 def write(rows: list[dict], seconds: float) -> None:
-    cpu = [r for r in rows if "error_pct" in r and r["device"] == "cpu"]
-    cuda = [r for r in rows if "error_pct" in r and r["device"] == "cuda"]
-    within = [r for r in cuda if 0 <= r["estimated"] - r["measured"] <= r["rounding"]]
+    refused = [r for r in rows if "failure" in r]
     lines = [
         "# Architectures outside the catalog: tiny copies of transformers' config classes",
         "",
@@ -133,10 +144,8 @@ def write(rows: list[dict], seconds: float) -> None:
         "Estimate from the config against the simulated step (fake tensors, MemTracker), batch 3 x 24 tokens, AdamW; "
         "CPU: fp32; CUDA: CUDA's kernels, bf16 autocast, checkpointing where the class supports it.",
         "",
-        f"**CPU: {len(cpu)} architectures, maximum |error| "
-        f"{max((abs(r['error_pct']) for r in cpu), default=0):.4f}%; probed in "
-        f"{sum(r['method'] == 'probed' for r in cpu)} of {len(cpu)}. CUDA: {len(within)} of {len(cuda)} within the "
-        "512-byte rounding of the parameter tensors above the simulated step.**",
+        f"**{_summary(rows, 'cpu')}. {_summary(rows, 'cuda')}. Not probed: the recipe's estimate, with its "
+        f"reason, below; {len(refused)} runs refused or failed (one-line errors, in the table).**",
         "",
         "| model type | task | attention | device | method | estimated (B) | measured (B) | error | rounding (B) | s |",
         "|---|---|---|---|---|---:|---:|---:|---:|---:|",
