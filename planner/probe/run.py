@@ -227,8 +227,12 @@ def _record(model, accelerator, fake, stacks: tuple[tuple[str, int], ...], scena
             del loss
         recorder.on = False
         del outputs
+        # Full fine-tuning's optimizer takes every parameter and keeps state for those with a
+        # gradient; one built frozen (RoFormer's sinusoidal position table) has none. Adapters'
+        # optimizers take the trainable tensors only.
         recording.no_gradient = [name for name, parameter in model.named_parameters()
-                                 if parameter.requires_grad and parameter.grad is None]
+                                 if parameter.grad is None and (parameter.requires_grad
+                                                                or not scenario.finetune.uses_adapters)]
         model.zero_grad(set_to_none=True)
     return recording
 
