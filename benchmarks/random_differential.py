@@ -142,7 +142,8 @@ def _write(state: dict) -> None:
     if not rows:
         return
     with (RESULTS / f"{stem}.csv").open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        # Every row's fields, in first-seen order: rows measured before a field was recorded lack it.
+        writer = csv.DictWriter(handle, fieldnames=list(dict.fromkeys(key for row in rows for key in row)))
         writer.writeheader()
         writer.writerows(rows)
     plot(rows, RESULTS / f"{stem}.png")
