@@ -124,6 +124,13 @@ def cached_for_scenario(context: PageContext, kind: str, build: Callable[[], T],
     return _per_scenario(kind, (context.scenario_key, *inputs), build)  # type: ignore[return-value]
 
 
+def cached_for_model(context: PageContext, kind: str, build: Callable[[], T], *inputs) -> T:
+    """As cached_for_scenario, for what follows from the model and `inputs` alone, not from the
+    rest of the sidebar (the lines of "peak against batch size" start from the baseline's
+    optimizer and precision whatever the sidebar says): a change of those serves it from the cache."""
+    return _per_scenario(kind, (context.scenario_key[1], context.name, *inputs), build)  # type: ignore[return-value]
+
+
 _WAITING = {
     ModelSource.UPLOAD.value: "Upload a model's config.json in the sidebar, or pick a catalog model.",
     ModelSource.HUB.value: "Enter a Hugging Face hub model id (owner/name) in the sidebar, or pick a catalog model.",

@@ -7,13 +7,13 @@ Layout only: numbers come from planner.estimate and the shared tables and figure
 
 import streamlit as st
 
-from app_pages.page_context import cached_for_scenario, start_page
+from app_pages.page_context import cached_for_model, cached_for_scenario, start_page
 from planner.device_fit import reserved_check
 from planner.fit import fit_limits
 from planner.units import format_bytes
 from planner.verdict import tensor_budget_bytes
 from views.breakdown import breakdown_table, verdict_for, verdict_table
-from views.comparison import adapter_summary, batch_sizes_for_chart, memory_vs_batch
+from views.comparison import adapter_summary, batch_sizes_for_chart, chart_base, memory_vs_batch
 from views.figures import memory_vs_batch_figure, phase_breakdown_figure
 from views.inputs import preset_gpu, total_capacity_bytes
 
@@ -108,8 +108,14 @@ def render() -> None:
     # The sidebar's own scenario on the same axes: its effective batch on one GPU, one full replica.
     current = (context.scenario.batch_size * context.scenario.grad_accum_steps, result.peak_bytes)
 
+    sizes = batch_sizes_for_chart(limits.batch_size)
+    # Its lines follow from the model, the scenario's sequence and task and the sizes, not from the
+    # sidebar's batch, optimizer or precision: those only move the star (cached per scenario).
+    series = cached_for_model(context, "plan batch series",
+                              lambda: memory_vs_batch(shape, context.base_values, sizes),
+                              chart_base(context.base_values), tuple(sizes))
+
     def batch_figure():
-        series = memory_vs_batch(shape, context.base_values, batch_sizes_for_chart(limits.batch_size))
         return memory_vs_batch_figure(series, max(budget, 0), title=f"{shape.name}: peak against batch size "
                                                                    f"at {context.scenario.seq_len:,} tokens",
                                       current=current)

@@ -25,6 +25,7 @@ from planner.units import GIB, MIB
 from reporting import build_report, render_report, report_for_values, write_report
 from runners.history import RunMode, RunRecord, RunStatus
 from views.comparison import (
+    chart_base,
     TECHNIQUES,
     TECHNIQUES_BY_KEY,
     accumulation_steps_for,
@@ -164,6 +165,19 @@ def test_memory_vs_batch_series(gpt2):
     assert base_line[3][1] == peak(gpt2, batch_size=8, optimizer="adamw", precision="fp32",
                                    gradient_checkpointing=False, grad_accum=1)
     assert all(p1 < p2 for (_, p1), (_, p2) in zip(base_line, base_line[1:]))
+
+
+def test_chart_base_keys_exactly_what_the_series_follow_from(gpt2):
+    # The Plan page caches the lines by chart_base: scenarios with the same key must draw the
+    # same lines, and a change that moves them (the sequence) must change the key.
+    sizes = [1, 4, 16]
+    other = {**BASE, "batch_size": 3, "optimizer": "adafactor", "precision": "bf16-mixed",
+             "gradient_checkpointing": True, "grad_accum": 4}
+    assert chart_base(other) == chart_base(BASE)
+    assert memory_vs_batch(gpt2, other, sizes) == memory_vs_batch(gpt2, BASE, sizes)
+    longer = {**BASE, "seq_len": 1024}
+    assert chart_base(longer) != chart_base(BASE)
+    assert memory_vs_batch(gpt2, longer, sizes) != memory_vs_batch(gpt2, BASE, sizes)
 
 
 # --- shared controls --------------------------------------------------------------------------

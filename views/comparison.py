@@ -352,6 +352,13 @@ def batch_sizes_for_chart(largest: int | None, at_least: int = 64, at_most: int 
 CHART_TECHNIQUES = tuple(t for t in TECHNIQUES if t.key != "accumulation")
 
 
+def chart_base(base: Mapping[str, object]) -> tuple:
+    """What memory_vs_batch's series follow from in `base`, as a hashable key: every technique
+    replaces the optimizer, precision, checkpointing and accumulation with the baseline's and
+    every point its batch size, so a change of those alone draws the same lines."""
+    return tuple(sorted((k, v) for k, v in {**base, **BASELINE_VALUES}.items() if k != "batch_size"))
+
+
 def memory_vs_batch(shape: ModelShape, base: Mapping[str, object], batch_sizes: Iterable[int],
                     techniques: Iterable[Technique] = CHART_TECHNIQUES) -> dict[str, list[tuple[int, int | None]]]:
     """technique label -> [(effective batch, peak bytes or None where it cannot be estimated)]."""
