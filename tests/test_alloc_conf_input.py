@@ -163,7 +163,7 @@ def test_the_dashboard_toggle_reaches_the_verdict_and_the_link(monkeypatch, tmp_
     assert not at.exception, at.exception
     assert any(text.startswith("Fits") for text in verdicts())
     assert at.query_params["expandable_segments"] in ("true", ["true"])
-    table = "\n".join(frame.value.to_string() for frame in at.dataframe)
+    table = "\n".join(frame.value.to_string() for frame in at.table)
     assert "with expandable segments" in table
 
     at.radio(key="device").set_value("cpu").run()  # a CPU plan has no caching allocator: no toggle, no error

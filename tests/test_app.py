@@ -60,7 +60,7 @@ def expected_estimate(model: str = DEFAULTS["catalog_model"], **overrides):
 
 
 def shown_bytes(at: AppTest) -> dict[str, int]:
-    table = at.dataframe[0].value
+    table = at.table[0].value
     return dict(zip(table["category"], (int(b) for b in table["bytes"])))
 
 
@@ -148,7 +148,7 @@ def test_sequence_longer_than_the_positions_shows_an_error_and_the_page_recovers
     assert not at.exception
     assert len(at.error) == 1
     assert "4,096 exceeds" in at.error[0].value and "512 positions" in at.error[0].value
-    assert not at.dataframe
+    assert not at.table
     at.number_input(key="seq_len").set_value(256).run()
     assert_page_shows(at, expected_estimate(seq_len=256))
 
@@ -236,7 +236,7 @@ def test_bad_upload_shows_its_one_line_error_and_the_page_recovers(data):
     assert "\n" not in str(raised.value)
     good = (CATALOG_DIR / DEFAULTS["catalog_model"]).with_suffix(".json").read_bytes()
     at = upload(at, good)
-    assert not at.error and at.dataframe
+    assert not at.error and at.table
 
 
 def test_the_page_needs_no_network_and_shows_no_deploy_button(monkeypatch):
@@ -356,7 +356,7 @@ def test_an_unknown_hub_id_is_one_line_and_the_page_recovers(fake_hub):
     assert not at.exception
     assert [e.value for e in at.error] == [markdown_text("the hub has no config.json for 'nobody/nothing' (HTTP 404)")]
     at = hub_model(at, "mistralai/Mistral-7B-v0.1")
-    assert not at.error and at.dataframe
+    assert not at.error and at.table
 
 
 def test_offline_the_hub_source_says_so_quickly_and_the_page_stays(monkeypatch):
@@ -375,7 +375,7 @@ def test_offline_the_hub_source_says_so_quickly_and_the_page_stays(monkeypatch):
     assert "upload it" in error.value and "\n" not in error.value
     assert at.title[0].value == "Plan" and at.selectbox(key="gpu_preset") is not None  # the page otherwise intact
     at.radio(key="model_source").set_value("catalog").run()
-    assert not at.error and at.dataframe
+    assert not at.error and at.table
     st.cache_data.clear()
 
 
@@ -408,7 +408,7 @@ def test_a_failed_hub_fetch_is_remembered_for_a_while_only(fake_hub):
     assert "HTTP 404" in at.error[0].value and fake_hub.requests == [path]  # within the ttl: no refetch
     model_cache._hub_attempt.clear()  # the ttl running out
     at.number_input(key="batch_size").set_value(3).run()
-    assert not at.error and at.dataframe and fake_hub.requests == [path, path]
+    assert not at.error and at.table and fake_hub.requests == [path, path]
 
 
 def test_a_catalog_models_plan_page_on_cuda_probes_nothing(monkeypatch):

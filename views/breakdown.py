@@ -54,6 +54,12 @@ def breakdown_table(result: Estimate | ParallelEstimate) -> pd.DataFrame:
     })
 
 
+def byte_columns_styled(frame: pd.DataFrame, columns: tuple[str, ...] = ("bytes",)):
+    """`frame` for a static table (st.table): byte counts with thousands separators, an
+    absent one (a figure not replayed) as a dash; the numbers themselves stay in the data."""
+    return frame.style.format({c: lambda v: "–" if pd.isna(v) else f"{int(v):,}" for c in columns if c in frame})
+
+
 def verdict_for(shape: ModelShape, result: Estimate | ParallelEstimate, capacity_bytes: int,
                 gpu: GpuSpec | None = None, plan: ParallelPlan | None = None) -> DeviceVerdict:
     """The verdict on one GPU (planner.device_fit): on CUDA with the overheads of `gpu` (None:
