@@ -68,11 +68,16 @@ class PageContext:
         return lora_settings(self.values)
 
     @functools.cached_property  # every cached chart of a render asks; the config is hashed once
-    def scenario_key(self) -> tuple:
-        """What every number on a page follows from: the sidebar's values and the model's config
-        (a hub id or an uploaded file names it, the config is what was read)."""
-        digest = hashlib.sha256(json.dumps(self.config, sort_keys=True, default=str).encode()).hexdigest()
-        return (self.values, digest)
+    def config_digest(self) -> str:
+        """The model's config as read (a hub id or an uploaded file names it; the config is what counts)."""
+        return hashlib.sha256(json.dumps(self.config, sort_keys=True, default=str).encode()).hexdigest()
+
+    @functools.cached_property
+    def scenario_key(self) -> str:
+        """What every number on a page follows from: the sidebar's values and the model's config,
+        as one digest. A string, because Streamlit's cache hashes its arguments on every call, and
+        the values' dataclass cost it 1.5 ms a call, six calls a render (benchmarks/browser_speed.py)."""
+        return hashlib.sha256(f"{self.values!r}|{self.config_digest}".encode()).hexdigest()
 
     @property
     def per_gpu(self) -> Estimate | ParallelEstimate:
@@ -128,7 +133,7 @@ def cached_for_model(context: PageContext, kind: str, build: Callable[[], T], *i
     """As cached_for_scenario, for what follows from the model and `inputs` alone, not from the
     rest of the sidebar (the lines of "peak against batch size" start from the baseline's
     optimizer and precision whatever the sidebar says): a change of those serves it from the cache."""
-    return _per_scenario(kind, (context.scenario_key[1], context.name, *inputs), build)  # type: ignore[return-value]
+    return _per_scenario(kind, (context.config_digest, context.name, *inputs), build)  # type: ignore[return-value]
 
 
 _WAITING = {

@@ -12,7 +12,7 @@ from planner.device_fit import reserved_check
 from planner.fit import fit_limits
 from planner.units import format_bytes
 from planner.verdict import tensor_budget_bytes
-from views.breakdown import breakdown_table, byte_columns_styled, verdict_for, verdict_table
+from views.breakdown import breakdown_table, verdict_for, verdict_table, with_byte_separators
 from views.comparison import adapter_summary, batch_sizes_for_chart, chart_base, memory_vs_batch
 from views.figures import memory_vs_batch_figure, phase_breakdown_figure
 from views.inputs import preset_gpu, total_capacity_bytes
@@ -84,10 +84,10 @@ def render() -> None:
     # Static tables, not st.dataframe: a few rows need no grid, and the grid's canvas and its
     # delayed accessibility copy kept every sidebar change's page moving for 200 ms more in the
     # browser (benchmarks/browser_speed.py), and fetched 0.5 MiB more JavaScript per session.
-    st.table(byte_columns_styled(breakdown_table(per_gpu)), hide_index=True)
+    st.table(with_byte_separators(breakdown_table(per_gpu)), hide_index=True)
     if verdict.overheads is not None:
         with st.expander("Allocated, reserved and CUDA overheads", expanded=False):
-            st.table(byte_columns_styled(verdict_table(verdict)), hide_index=True)
+            st.table(with_byte_separators(verdict_table(verdict)), hide_index=True)
             if verdict.caveat:
                 st.caption(f"Reserved memory: {verdict.caveat}. Every overhead is documented, not yet measured "
                            "here (docs/cuda_overheads.md).")

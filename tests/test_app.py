@@ -61,7 +61,7 @@ def expected_estimate(model: str = DEFAULTS["catalog_model"], **overrides):
 
 def shown_bytes(at: AppTest) -> dict[str, int]:
     table = at.table[0].value
-    return dict(zip(table["category"], (int(b) for b in table["bytes"])))
+    return dict(zip(table["category"], (int(b.replace(",", "")) for b in table["bytes"])))
 
 
 def assert_page_shows(at: AppTest, result) -> None:
