@@ -111,7 +111,7 @@ with st.sidebar:
         if st.session_state.get("_upload_not_stored"):
             st.caption(markdown_text(st.session_state["_upload_not_stored"]))  # it names a directory
     task = st.selectbox("Task", [t.value for t in Task], key="task")
-    if task == Task.SEQUENCE_CLASSIFICATION.value:
+    if Task(task).uses_labels:
         st.number_input("Labels", min_value=1, max_value=MAXIMA["num_labels"], step=1, key="num_labels")
 
     st.subheader("Training step")

@@ -104,7 +104,10 @@ def _sizes(shape: ModelShape, scenario: Scenario) -> _Sizes:
         S2=b * shape.num_heads * s * s,
         LSE=b * shape.num_heads * s,
         T=b * s,
-        V=b * s * shape.vocab_size,
+        # The per-token logits: the vocabulary's, or a token classifier's labels (its head is
+        # otherwise an LM head's: a linear over b*s*h whose logits the loss upcasts to fp32,
+        # transformers.loss.loss_utils.ForTokenClassification).
+        V=b * s * (shape.num_labels if scenario.task is Task.TOKEN_CLASSIFICATION else shape.vocab_size),
         seq=s,
         compute=compute,
         autocast=scenario.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED),

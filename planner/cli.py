@@ -259,7 +259,7 @@ def _shape_and_estimate(values: dict, base_dir: Path | None, allow_hub: bool) ->
     if "config" not in values:
         raise PlannerInputError("scenario has no 'config': give a catalog name or a config.json path")
     if "task" not in values:
-        raise PlannerInputError("scenario has no 'task': use sequence-classification, causal-lm or masked-lm")
+        raise PlannerInputError("scenario has no 'task': use one of " + ", ".join(t.value for t in Task))
     known = {"id", "config", "task", "num_labels", "batch_size", "seq_len", "optimizer", "precision",
              "gradient_checkpointing", "grad_accum", "attn", "device", "engine", "gpu", "cuda_alloc_conf",
              *FINETUNE_KEYS, *PARALLEL_KEYS}

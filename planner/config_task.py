@@ -19,6 +19,7 @@ _HEAD_SUFFIXES = (
     ("LMHeadModel", Task.CAUSAL_LM),
     ("ForMaskedLM", Task.MASKED_LM),
     ("ForSequenceClassification", Task.SEQUENCE_CLASSIFICATION),
+    ("ForTokenClassification", Task.TOKEN_CLASSIFICATION),
 )
 
 

@@ -165,7 +165,7 @@ def _autocast_weight_copy_bytes(shape: ModelShape, scenario: Scenario) -> tuple[
         return 0, 0
     stats = shape.stats
     head = stats.matmul_elements - stats.block_matmul_elements - shape.embedding_elements
-    if shape.tied_embeddings and scenario.task is not Task.SEQUENCE_CLASSIFICATION:
+    if shape.tied_embeddings and scenario.task.has_lm_head:
         head += shape.vocab_size * shape.hidden_size
     return 2 * stats.block_matmul_elements, 2 * max(head, 0)
 
@@ -175,7 +175,7 @@ def _head_gradient_elements(shape: ModelShape, scenario: Scenario) -> int:
     classifier or LM head, and the tied embedding the LM head shares)."""
     stats = shape.stats
     head = stats.num_elements - stats.block_elements - shape.embedding_elements
-    if shape.tied_embeddings and scenario.task is not Task.SEQUENCE_CLASSIFICATION:
+    if shape.tied_embeddings and scenario.task.has_lm_head:
         head += shape.vocab_size * shape.hidden_size
     return max(head, 0)
 
@@ -262,7 +262,7 @@ def check_scenario_fits_model(shape: ModelShape, scenario: Scenario) -> None:
         raise PlannerInputError(f"{shape.architecture} does not support activation checkpointing: "
                                 "plan without --gradient-checkpointing")
     if scenario.task is not shape.task or (
-        scenario.task is Task.SEQUENCE_CLASSIFICATION and scenario.num_labels != shape.num_labels
+        scenario.task.uses_labels and scenario.num_labels != shape.num_labels
     ):
         raise ValueError("scenario task/num_labels differ from the ModelShape's: load the shape for this task")
 
@@ -460,7 +460,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         backward_moments += block_entries
         if profile.attention_backward_transient_bytes:
             backward_moments.append(backward_attention)
-    if shape.tied_embeddings and scenario.task is not Task.SEQUENCE_CLASSIFICATION:
+    if shape.tied_embeddings and scenario.task.has_lm_head:
         # Last of all, the input embedding's gradient meets the LM head's on the tied
         # weight: the lookup's dense gradient and the sum coexist with the head's one
         # (two extra vocabulary-sized tensors; measured on Llama-3.2-1B and GPT-2 shapes).
@@ -493,6 +493,10 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         # Falcon-H1 99% low): refused, as a pure Mamba is.
         raise PlannerInputError(f"{shape.architecture} has state-space (Mamba) layers, which the planner models "
                                 f"only through the probe, and the probe could not run it ({probed})")
+    if isinstance(probed, str) and scenario.task is Task.TOKEN_CLASSIFICATION:
+        # The family recipes were written for the other heads: none is claimed for a per-token classifier.
+        raise PlannerInputError(f"token classification is planned only through the probe, which could not run "
+                                f"{shape.architecture} ({probed})")
     if isinstance(probed, str):
         kernels = " (its CUDA terms read from the kernels' code)" if scenario.device is Device.CUDA else ""
         notes.append(f"the probe could not run this model ({probed}): the family recipe stands in{kernels}")

@@ -20,7 +20,7 @@ _MAX_CACHED_SHAPES = 64
 
 def model_shape_for_config(config: dict, task: Task, num_labels: int = 2, name: str = "model") -> ModelShape:
     source_config = json.dumps(config, sort_keys=True, default=str)
-    key = (source_config, task, num_labels if task is Task.SEQUENCE_CLASSIFICATION else 0)
+    key = (source_config, task, num_labels if task.uses_labels else 0)
     shape = _SHAPES.get(key)
     if shape is None:
         # The catalog's shapes are shipped; only other configs import torch to be built.

@@ -26,6 +26,17 @@ class Task(enum.Enum):
     SEQUENCE_CLASSIFICATION = "sequence-classification"
     CAUSAL_LM = "causal-lm"
     MASKED_LM = "masked-lm"
+    TOKEN_CLASSIFICATION = "token-classification"  # a label per token (NER, tagging)
+
+    @property
+    def uses_labels(self) -> bool:
+        """Whether the head's width is the scenario's number of labels (a classifier's)."""
+        return self in (Task.SEQUENCE_CLASSIFICATION, Task.TOKEN_CLASSIFICATION)
+
+    @property
+    def has_lm_head(self) -> bool:
+        """Whether the head predicts the vocabulary (and may share the embedding's table)."""
+        return self in (Task.CAUSAL_LM, Task.MASKED_LM)
 
 
 class Optimizer(enum.Enum):
@@ -174,7 +185,7 @@ class Scenario:
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     attention: Attention = Attention.SDPA
     device: Device = Device.CUDA
-    num_labels: int = 2  # only read for sequence classification
+    num_labels: int = 2  # only read for the classification tasks (Task.uses_labels)
     engine: Engine = Engine.ACCELERATE
     finetune: FineTune = FineTune()  # full fine-tuning, or LoRA / QLoRA adapters (planner.finetune)
     cuda_segments: CudaSegments = CudaSegments.CUDA_MALLOC  # PYTORCH_CUDA_ALLOC_CONF; read on CUDA only

@@ -38,6 +38,7 @@ _AUTO_CLASS_BY_TASK = {
     Task.SEQUENCE_CLASSIFICATION: "AutoModelForSequenceClassification",
     Task.CAUSAL_LM: "AutoModelForCausalLM",
     Task.MASKED_LM: "AutoModelForMaskedLM",
+    Task.TOKEN_CLASSIFICATION: "AutoModelForTokenClassification",
 }
 
 # Keys the planner itself reads as sizes (planner.build_guard bounds every size the
@@ -106,7 +107,7 @@ def load_transformers_config(config_dict: dict, task: Task, num_labels: int):
         )
     _validate_sizes(config_dict)
     kwargs = copy.deepcopy({k: v for k, v in config_dict.items() if k != "model_type"})
-    if task is Task.SEQUENCE_CLASSIFICATION:
+    if task.uses_labels:
         kwargs.pop("id2label", None)
         kwargs.pop("label2id", None)
         kwargs["num_labels"] = num_labels
@@ -186,7 +187,7 @@ def build_model_shape(config_dict: dict, task: Task, num_labels: int = 2, name: 
         _first_attr(config, ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout"), 0.0)
     )
     input_embeddings = model.get_input_embeddings()
-    output_embeddings = model.get_output_embeddings() if task is not Task.SEQUENCE_CLASSIFICATION else None
+    output_embeddings = model.get_output_embeddings() if task.has_lm_head else None
     tied = output_embeddings is not None and output_embeddings.weight is input_embeddings.weight
     max_positions = _first_attr(config, ("max_position_embeddings",))
     # Each table once (a tied table is one tensor), under the name named_parameters() gives it.

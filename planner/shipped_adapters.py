@@ -28,7 +28,7 @@ SHIPPED_DTYPES = ("float32", "bfloat16")
 
 
 def adapter_file(source_config: str, task: Task, num_labels: int, dtype_name: str) -> Path:
-    labels = num_labels if task is Task.SEQUENCE_CLASSIFICATION else 0
+    labels = num_labels if task.uses_labels else 0
     digest = hashlib.sha256(f"{source_config}\n{task.value}\n{labels}\n{dtype_name}".encode()).hexdigest()[:20]
     return ADAPTERS_DIR / f"{digest}.json"
 

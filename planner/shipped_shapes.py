@@ -101,7 +101,7 @@ def label_dimensions(with_two: ModelShape, with_three: ModelShape) -> list[list[
 def shipped_file_record(source_config: str, task: Task, shapes: list[ModelShape]) -> dict:
     """The file's content for the builds of `source_config` under `task` with LABEL_PROBES labels
     (one build for tasks without labels)."""
-    label_dims = label_dimensions(*shapes) if task is Task.SEQUENCE_CLASSIFICATION else []
+    label_dims = label_dimensions(*shapes) if task.uses_labels else []
     return {"format": SHAPE_FORMAT, "transformers": _transformers_version(), "task": task.value,
             "label_dims": label_dims, "shape": shape_to_json(shapes[0])}
 

@@ -72,7 +72,7 @@ def _shape_for(report_shape: ModelShape):
     def shape_for(config: dict | None, name: str, scenario: Scenario) -> ModelShape:
         if config is not None:
             return model_shape_for_config(config, scenario.task, scenario.num_labels, name)
-        same_head = scenario.task is not Task.SEQUENCE_CLASSIFICATION or scenario.num_labels == report_shape.num_labels
+        same_head = not scenario.task.uses_labels or scenario.num_labels == report_shape.num_labels
         if scenario.task is report_shape.task and same_head:
             return report_shape
         raise PlannerInputError("the run recorded no model config for its task")

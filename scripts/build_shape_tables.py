@@ -37,7 +37,7 @@ def ship(name: str) -> int:
     source_config = json.dumps(config, sort_keys=True, default=str)
     written = 0
     for task in Task:
-        labels = LABEL_PROBES if task is Task.SEQUENCE_CLASSIFICATION else LABEL_PROBES[:1]
+        labels = LABEL_PROBES if task.uses_labels else LABEL_PROBES[:1]
         try:
             shapes = [build_model_shape(config, task, count, name) for count in labels]
         except PlannerInputError as error:

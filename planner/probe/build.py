@@ -22,6 +22,7 @@ _AUTO_CLASS = {
     Task.SEQUENCE_CLASSIFICATION: "AutoModelForSequenceClassification",
     Task.CAUSAL_LM: "AutoModelForCausalLM",
     Task.MASKED_LM: "AutoModelForMaskedLM",
+    Task.TOKEN_CLASSIFICATION: "AutoModelForTokenClassification",
 }
 
 
@@ -147,6 +148,8 @@ def synthetic_batch(config_dict: dict, scenario: Scenario, seed: int = 0, device
     batch = {"input_ids": input_ids, "attention_mask": torch.ones(shape, dtype=torch.long)}
     if scenario.task is Task.SEQUENCE_CLASSIFICATION:
         batch["labels"] = torch.randint(0, scenario.num_labels, (scenario.batch_size,), generator=generator)
+    elif scenario.task is Task.TOKEN_CLASSIFICATION:
+        batch["labels"] = torch.randint(0, scenario.num_labels, shape, generator=generator)
     else:
         batch["labels"] = input_ids.clone()
     return {k: v.to(device) for k, v in batch.items()}

@@ -94,7 +94,7 @@ def probe_gpu(scenario: Scenario) -> str | None:
 
 
 def technique_key(shape: ModelShape, scenario: Scenario) -> str:
-    labels = scenario.num_labels if scenario.task is Task.SEQUENCE_CLASSIFICATION else 0
+    labels = scenario.num_labels if scenario.task.uses_labels else 0
     parts = [scenario.task.value, f"labels={labels}", scenario.precision.value,
              "checkpointing" if scenario.checkpointing is Checkpointing.EVERY_LAYER else "no-checkpointing",
              scenario.attention.value, scenario.engine.value,
@@ -282,7 +282,7 @@ def probe_table(shape: ModelShape, scenario: Scenario) -> ProbeTable | str:
 
 
 def step_key(shape: ModelShape, scenario: Scenario) -> str:
-    labels = scenario.num_labels if scenario.task is Task.SEQUENCE_CLASSIFICATION else 0
+    labels = scenario.num_labels if scenario.task.uses_labels else 0
     # "trainer-groups": the Trainer's step is probed with its own parameter groups (since
     # probe format 3; earlier entries for the Trainer are not read).
     engine = scenario.engine.value + ("+trainer-groups" if scenario.engine is Engine.TRAINER else "")
