@@ -14,7 +14,8 @@ PARTS = 4
 SEED = int(os.environ.get("PROBE_SEED", str(random.SystemRandom().randrange(2**32))))
 FAMILIES = [("tiny-llama", "causal-lm"), ("tiny-gpt2", "causal-lm"), ("tiny-opt", "causal-lm"),
             ("tiny-neox", "causal-lm"), ("tiny-phi", "causal-lm"), ("tiny-distilbert", "sequence-classification"),
-            ("tiny-distilbert", "masked-lm")]
+            ("tiny-distilbert", "masked-lm"), ("tiny-distilbert", "token-classification"),
+            ("tiny-llama", "token-classification")]
 
 
 def _random_scenarios(seed: int, count: int) -> list[tuple[str, int, dict]]:
