@@ -118,6 +118,9 @@ with st.sidebar:
     st.number_input("Batch size (sequences per micro-batch)", min_value=1, max_value=MAXIMA["batch_size"], step=1,
                     key="batch_size")
     st.number_input("Sequence length (tokens)", min_value=1, max_value=MAXIMA["seq_len"], step=64, key="seq_len")
+    if task == Task.SEQ2SEQ_LM.value:
+        st.number_input("Target length (tokens)", min_value=1, max_value=MAXIMA["target_len"], step=16,
+                        key="target_len", help="Tokens per target sequence (the labels the decoder trains on).")
     st.number_input("Gradient accumulation steps", min_value=1, max_value=MAXIMA["grad_accum"], step=1,
                     key="grad_accum")
     st.selectbox("Optimizer", list(OPTIMIZER_LABELS), format_func=OPTIMIZER_LABELS.get, key="optimizer")

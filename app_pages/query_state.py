@@ -47,7 +47,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "finetune": tuple(FINETUNE_LABELS),
     "quant_type": QUANT_TYPES,
 }
-_POSITIVE_INTS = ("num_labels", "batch_size", "seq_len", "grad_accum", "gpu_count", "lora_r")
+_POSITIVE_INTS = ("num_labels", "batch_size", "seq_len", "target_len", "grad_accum", "gpu_count", "lora_r")
 _LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")
 _QLORA_KEYS = ("quant_type", "double_quant")
 _MAX_TARGETS_CHARS = 500

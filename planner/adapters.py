@@ -41,7 +41,7 @@ NESTED_BLOCKSIZE = 256  # double quantisation of the absmax (functional.quantize
 CODE_ENTRIES = 16  # get_4bit_type: 16 fp32 values
 NESTED_CODE_ENTRIES = 256  # create_dynamic_map: 256 fp32 values, copied per weight
 _PEFT_TASK = {Task.CAUSAL_LM: "CAUSAL_LM", Task.SEQUENCE_CLASSIFICATION: "SEQ_CLS", Task.MASKED_LM: None,
-              Task.TOKEN_CLASSIFICATION: "TOKEN_CLS"}
+              Task.TOKEN_CLASSIFICATION: "TOKEN_CLS", Task.SEQ2SEQ_LM: "SEQ_2_SEQ_LM"}
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,8 @@ def add_scenario_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-labels", default="2", help="classes for sequence classification (default 2)")
     parser.add_argument("--batch-size", required=True, help="sequences per micro-batch")
     parser.add_argument("--seq-len", required=True, help="tokens per sequence")
+    parser.add_argument("--target-len", default=None,
+                        help="seq2seq-lm: tokens per target sequence (the labels; default: --seq-len)")
     parser.add_argument("--optimizer", default="adamw",
                         help="adamw, adam, sgd, adafactor, hf-adafactor, adam8bit, adamw8bit, paged-adamw8bit "
                              "or a TrainingArguments optim string")
@@ -154,6 +156,8 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
                                       "(default: the one nearest in memory to --gpu-memory-gib)")
     parser.add_argument("--num-devices", default="1", help="GPUs, data parallel (DDP) when more than one")
     parser.add_argument("--seq-len", default="512", help="tokens per sequence (default 512)")
+    parser.add_argument("--target-len", default=None,
+                        help="seq2seq-lm: tokens per target sequence (the labels; default: --seq-len)")
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--batch-size", help="sequences per micro-batch per GPU, no accumulation")
     target.add_argument("--effective-batch", help="sequences per optimizer step, all GPUs together "
@@ -260,7 +264,7 @@ def _shape_and_estimate(values: dict, base_dir: Path | None, allow_hub: bool) ->
         raise PlannerInputError("scenario has no 'config': give a catalog name or a config.json path")
     if "task" not in values:
         raise PlannerInputError("scenario has no 'task': use one of " + ", ".join(t.value for t in Task))
-    known = {"id", "config", "task", "num_labels", "batch_size", "seq_len", "optimizer", "precision",
+    known = {"id", "config", "task", "num_labels", "batch_size", "seq_len", "target_len", "optimizer", "precision",
              "gradient_checkpointing", "grad_accum", "attn", "device", "engine", "gpu", "cuda_alloc_conf",
              *FINETUNE_KEYS, *PARALLEL_KEYS}
     unknown = sorted(set(values) - known)
@@ -312,7 +316,8 @@ def _run_estimate(args: argparse.Namespace) -> int:
               "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
               "attn": args.attn, "device": args.device, "engine": args.engine, "num_devices": args.num_devices,
               "strategy": args.strategy, "local_sgd_steps": args.local_sgd_steps, "gpu": args.gpu,
-              "cuda_alloc_conf": args.cuda_alloc_conf, **finetune_values(args)}
+              "cuda_alloc_conf": args.cuda_alloc_conf, **finetune_values(args),
+              **({"target_len": args.target_len} if args.target_len is not None else {})}
     if args.gpu is not None:
         gpu_from_text(args.gpu)  # a bad --gpu is refused before anything is estimated
     if args.json:
@@ -499,7 +504,8 @@ def _run_fit(args: argparse.Namespace) -> int:
                                 device=args.device, num_labels=args.num_labels, engine=args.engine,
                                 optimizer=args.optimizer, precision=args.precision,
                                 gradient_checkpointing=args.gradient_checkpointing,
-                                cuda_alloc_conf=args.cuda_alloc_conf, **finetune_values(args))
+                                cuda_alloc_conf=args.cuda_alloc_conf, target_len=args.target_len,
+                                **finetune_values(args))
     target = FitTarget(seq_len=base.seq_len, batch_size=batch,
                        effective_batch=None if args.effective_batch is None
                        else as_int(args.effective_batch, "effective batch"))

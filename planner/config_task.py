@@ -20,6 +20,7 @@ _HEAD_SUFFIXES = (
     ("ForMaskedLM", Task.MASKED_LM),
     ("ForSequenceClassification", Task.SEQUENCE_CLASSIFICATION),
     ("ForTokenClassification", Task.TOKEN_CLASSIFICATION),
+    ("ForConditionalGeneration", Task.SEQ2SEQ_LM),
 )
 
 

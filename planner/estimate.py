@@ -245,11 +245,23 @@ def _cuda_probe_note(method: str) -> str:
             "not added to them).")
 
 
+# Tasks no family recipe is claimed for: planned through the probe or refused, in these words.
+PROBE_ONLY_TASKS = {Task.TOKEN_CLASSIFICATION: "token classification",
+                    Task.SEQ2SEQ_LM: "sequence-to-sequence training"}
+
+
 def check_scenario_fits_model(shape: ModelShape, scenario: Scenario) -> None:
     if shape.max_positions is not None and scenario.seq_len > shape.max_positions:
         raise PlannerInputError(
             f"sequence length {scenario.seq_len:,} exceeds {shape.name}'s {shape.max_positions:,} positions "
             "(max_position_embeddings): use a shorter sequence"
+        )
+    # (A shape of task seq2seq-lm exists only for an encoder-decoder: transformers builds no other.)
+    if (scenario.task is Task.SEQ2SEQ_LM and shape.max_positions is not None
+            and scenario.target_tokens > shape.max_positions):
+        raise PlannerInputError(
+            f"target length {scenario.target_tokens:,} exceeds {shape.name}'s {shape.max_positions:,} positions "
+            "(max_position_embeddings): use a shorter target"
         )
     if scenario.attention is Attention.SDPA and not shape.supports_sdpa:
         # transformers' own refusal (PreTrainedModel._check_and_adjust_sdpa), with what to do.
@@ -493,10 +505,11 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         # Falcon-H1 99% low): refused, as a pure Mamba is.
         raise PlannerInputError(f"{shape.architecture} has state-space (Mamba) layers, which the planner models "
                                 f"only through the probe, and the probe could not run it ({probed})")
-    if isinstance(probed, str) and scenario.task is Task.TOKEN_CLASSIFICATION:
-        # The family recipes were written for the other heads: none is claimed for a per-token classifier.
-        raise PlannerInputError(f"token classification is planned only through the probe, which could not run "
-                                f"{shape.architecture} ({probed})")
+    if isinstance(probed, str) and scenario.task in PROBE_ONLY_TASKS:
+        # The family recipes were written for the other heads and for one stack: none is claimed
+        # for a per-token classifier or an encoder-decoder's target sequence.
+        raise PlannerInputError(f"{PROBE_ONLY_TASKS[scenario.task]} is planned only through the probe, which could "
+                                f"not run {shape.architecture} ({probed})")
     if isinstance(probed, str):
         kernels = " (its CUDA terms read from the kernels' code)" if scenario.device is Device.CUDA else ""
         notes.append(f"the probe could not run this model ({probed}): the family recipe stands in{kernels}")

@@ -60,7 +60,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-from planner.estimate import Estimate, Phase, PhaseMemory, estimate
+from planner.errors import PlannerInputError
+from planner.estimate import PROBE_ONLY_TASKS, Estimate, Phase, PhaseMemory, estimate
 from planner.model_shape import FsdpUnitKind, ModelShape, ParamTensor
 from planner.optimizer_state import (allocation, optimizer_state_bytes, parameter_bytes_per_element,
                                      parameter_tensor_bytes)
@@ -243,6 +244,11 @@ def _ring(kind: str, n: int) -> float:
 def parallel_estimate(shape: ModelShape, scenario: Scenario, plan: ParallelPlan,
                       base: Estimate | None = None) -> ParallelEstimate:
     """Per-rank memory and per-step traffic of `scenario` (per-rank micro-batch) under `plan`."""
+    if plan.distributed and plan.strategy.shards_parameters and scenario.task in PROBE_ONLY_TASKS:
+        # Sharded parameters' moments are read from the family recipe's activation terms, which
+        # no recipe gives for these tasks (planner.estimate.PROBE_ONLY_TASKS).
+        raise PlannerInputError(f"{PROBE_ONLY_TASKS[scenario.task]} with {plan.strategy.value} is not planned yet: "
+                                "use ddp, zero1 or zero2, or one GPU")
     base = base if base is not None else estimate(shape, scenario)
     n, strategy = plan.num_devices, plan.strategy
     on_device = allocation(scenario.device)

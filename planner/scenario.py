@@ -27,6 +27,7 @@ class Task(enum.Enum):
     CAUSAL_LM = "causal-lm"
     MASKED_LM = "masked-lm"
     TOKEN_CLASSIFICATION = "token-classification"  # a label per token (NER, tagging)
+    SEQ2SEQ_LM = "seq2seq-lm"  # an encoder-decoder trained on target sequences (summaries, translations)
 
     @property
     def uses_labels(self) -> bool:
@@ -36,7 +37,7 @@ class Task(enum.Enum):
     @property
     def has_lm_head(self) -> bool:
         """Whether the head predicts the vocabulary (and may share the embedding's table)."""
-        return self in (Task.CAUSAL_LM, Task.MASKED_LM)
+        return self in (Task.CAUSAL_LM, Task.MASKED_LM, Task.SEQ2SEQ_LM)
 
 
 class Optimizer(enum.Enum):
@@ -189,12 +190,29 @@ class Scenario:
     engine: Engine = Engine.ACCELERATE
     finetune: FineTune = FineTune()  # full fine-tuning, or LoRA / QLoRA adapters (planner.finetune)
     cuda_segments: CudaSegments = CudaSegments.CUDA_MALLOC  # PYTORCH_CUDA_ALLOC_CONF; read on CUDA only
+    target_len: int | None = None  # seq2seq-lm: the labels' tokens per sequence (made seq_len if not given)
+
+    @property
+    def target_tokens(self) -> int:
+        """A sequence-to-sequence step's target length (the decoder's sequence): target_len, else seq_len."""
+        return self.seq_len if self.target_len is None else self.target_len
 
     def __post_init__(self) -> None:
         _positive_int(self.batch_size, "batch size")
         _positive_int(self.seq_len, "sequence length")
         _positive_int(self.grad_accum_steps, "gradient accumulation steps")
         _positive_int(self.num_labels, "number of labels")
+        if self.task is Task.SEQ2SEQ_LM and self.target_len is None:
+            # Fixed when the scenario is made: a search over sequence lengths keeps the target.
+            object.__setattr__(self, "target_len", self.seq_len)
+        if self.target_len is not None:
+            _positive_int(self.target_len, "target length")
+            if self.target_len > MAX_SEQ_LEN:
+                raise PlannerInputError(f"target length must be at most {MAX_SEQ_LEN:,}, got {self.target_len:,}: "
+                                        "beyond any real training step")
+            if self.task is not Task.SEQ2SEQ_LM:
+                raise PlannerInputError("a target length is read for seq2seq-lm only: leave it out for "
+                                        f"{self.task.value}")
         if self.num_labels > MAX_NUM_LABELS:  # transformers builds an id2label dict of this size: a hang
             raise PlannerInputError(f"number of labels must be at most {MAX_NUM_LABELS:,}, got {self.num_labels:,}")
         for name, what, most in (("batch_size", "batch size", MAX_BATCH_SIZE),
@@ -285,6 +303,7 @@ def scenario_from_values(
     quant_type: str = "nf4",
     double_quant: object = True,
     cuda_alloc_conf: object = None,
+    target_len: object = None,
 ) -> Scenario:
     """Scenario from user-facing names (CLI flags, JSONL keys, dashboard widgets)."""
     method = finetune_from_values(
@@ -313,4 +332,5 @@ def scenario_from_values(
         engine=parse_enum(Engine, engine, "engine"),
         finetune=method,
         cuda_segments=segments,
+        target_len=None if target_len is None else _as_int(target_len, "target length"),
     )

@@ -39,6 +39,7 @@ _AUTO_CLASS_BY_TASK = {
     Task.CAUSAL_LM: "AutoModelForCausalLM",
     Task.MASKED_LM: "AutoModelForMaskedLM",
     Task.TOKEN_CLASSIFICATION: "AutoModelForTokenClassification",
+    Task.SEQ2SEQ_LM: "AutoModelForSeq2SeqLM",
 }
 
 # Keys the planner itself reads as sizes (planner.build_guard bounds every size the

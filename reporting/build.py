@@ -73,7 +73,8 @@ from views.figures import (
 from views.verify_results import history_table, scatter_points
 
 FORMATS = ("html", "md", "csv", "json")
-SCENARIO_KEYS = ("task", "num_labels", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
+SCENARIO_KEYS = ("task", "num_labels", "batch_size", "seq_len", "target_len", "optimizer", "precision",
+                 "gradient_checkpointing",
                  "grad_accum", "attn", "device", "engine", "cuda_alloc_conf", *FINETUNE_KEYS)
 
 

@@ -137,6 +137,8 @@ def _request_from_args(args: argparse.Namespace) -> VerifyRequest:
                 "seq_len": args.seq_len, "optimizer": args.optimizer, "precision": args.precision,
                 "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
                 "attn": args.attn}
+    if args.target_len is not None:  # seq2seq-lm's target; other scenarios stay as the history holds them
+        scenario["target_len"] = args.target_len
     if args.finetune != "full":  # full fine-tuning's scenarios stay as the history holds them
         scenario.update(finetune_values(args))
     return VerifyRequest(config=config, model_name=name, scenario=scenario, mode=Mode(args.mode),

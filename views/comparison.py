@@ -30,8 +30,8 @@ ACCUMULATION_STEPS = (4, 2)
 TECHNIQUE_KEYS = ("optimizer", "precision", "gradient_checkpointing", "grad_accum")
 BASELINE_VALUES = {"optimizer": "adamw", "precision": "fp32", "gradient_checkpointing": False, "grad_accum": 1}
 # A run matches a scenario when these agree (device aside: verify measures on the kind it runs on).
-MATCH_KEYS = ("task", "num_labels", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
-              "grad_accum", "attn", "engine")
+MATCH_KEYS = ("task", "num_labels", "batch_size", "seq_len", "target_len", "optimizer", "precision",
+              "gradient_checkpointing", "grad_accum", "attn", "engine")
 
 RECOMPUTE_COST = "≈ one extra forward per step (≈ +33% compute: forward ≈ 1/3 of forward+backward)"
 ACCUMULATION_COST = "k× more, k× smaller micro-batches per optimizer step (same effective batch, less parallelism)"

@@ -191,6 +191,7 @@ class SidebarValues:
     num_labels: int
     batch_size: int
     seq_len: int
+    target_len: int  # read for seq2seq-lm only
     grad_accum: int
     optimizer: str
     precision: str
@@ -231,6 +232,7 @@ DEFAULTS: dict[str, object] = {
     "num_labels": 2,
     "batch_size": 8,
     "seq_len": 512,
+    "target_len": 128,
     "grad_accum": 1,
     "optimizer": Optimizer.ADAMW.value,
     "precision": Precision.FP32.value,
@@ -292,7 +294,13 @@ def scenario_for(values: SidebarValues) -> Scenario:
         num_labels=values.num_labels,
         **finetune_values(values),
         **alloc_conf_values(values),
+        **target_values(values),
     )
+
+
+def target_values(values: SidebarValues) -> dict:
+    """The target length as the planner takes it: for seq2seq-lm only (it refuses it elsewhere)."""
+    return {"target_len": values.target_len} if values.task == Task.SEQ2SEQ_LM.value else {}
 
 
 def alloc_conf_values(values: SidebarValues) -> dict:
@@ -323,6 +331,7 @@ def lora_settings(values: SidebarValues) -> dict:
 
 # The planner's own bounds, as the widgets' max_value and the link's parser read them.
 MAXIMA: dict[str, int | float] = {"num_labels": MAX_NUM_LABELS, "batch_size": MAX_BATCH_SIZE, "seq_len": MAX_SEQ_LEN,
+                                  "target_len": MAX_SEQ_LEN,
                                   "grad_accum": MAX_GRAD_ACCUM, "gpu_count": MAX_DEVICES,
                                   "gpu_custom_gib": MAX_GPU_GIB, "lora_r": MAX_LORA_R}
 
@@ -364,5 +373,5 @@ def base_values(values: SidebarValues) -> dict:
         "task": values.task, "num_labels": values.num_labels, "batch_size": values.batch_size,
         "seq_len": values.seq_len, "optimizer": values.optimizer, "precision": values.precision,
         "gradient_checkpointing": values.gradient_checkpointing, "grad_accum": values.grad_accum,
-        "attn": values.attn, "device": values.device, **alloc_conf_values(values),
+        "attn": values.attn, "device": values.device, **alloc_conf_values(values), **target_values(values),
     }
