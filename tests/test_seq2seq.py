@@ -120,3 +120,4 @@ def test_the_sidebar_plans_its_target_length_for_seq2seq_only():
     assert scenario_for(seq2seq).target_len == 64 and base_values(seq2seq)["target_len"] == 64
     classifier = SidebarValues.from_state(DEFAULTS | {"target_len": 64})
     assert scenario_for(classifier).target_len is None and "target_len" not in base_values(classifier)
+
