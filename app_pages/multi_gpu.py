@@ -35,6 +35,7 @@ from views.multi_gpu_figures import (
     measured_runs_table,
     memory_by_strategy_figure,
     memory_table,
+    strategies_not_planned,
     strategy_estimates,
 )
 from views.verify_results import plan_request
@@ -163,6 +164,9 @@ def render() -> None:
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")
         return
+    left_out = strategies_not_planned(context.shape, scenario, num_devices, estimates)
+    if left_out is not None:
+        st.info(left_out, icon=":material/info:")
 
     st.header("Memory per GPU")
     st.markdown(

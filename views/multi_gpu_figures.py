@@ -55,8 +55,30 @@ def whole_bytes(value: float | None) -> int | None:
 
 def strategy_estimates(shape: ModelShape, scenario: Scenario, num_devices: int,
                        base: Estimate | None = None) -> dict[Strategy, ParallelEstimate]:
-    """Every multi-device strategy on `num_devices` GPUs, each with the scenario's micro-batch per GPU."""
-    return {s: parallel_estimate(shape, scenario, ParallelPlan(num_devices, s), base) for s in STRATEGY_ORDER}
+    """Every multi-device strategy on `num_devices` GPUs the planner plans for this scenario, each
+    with the scenario's micro-batch per GPU (strategies_not_planned says which it refuses, and why)."""
+    planned = {}
+    for strategy in STRATEGY_ORDER:
+        try:
+            planned[strategy] = parallel_estimate(shape, scenario, ParallelPlan(num_devices, strategy), base)
+        except PlannerInputError:
+            continue
+    if not planned:  # a refusal of the scenario itself, not of a strategy: say it
+        parallel_estimate(shape, scenario, ParallelPlan(num_devices, STRATEGY_ORDER[0]), base)
+    return planned
+
+
+def strategies_not_planned(shape: ModelShape, scenario: Scenario, num_devices: int,
+                           planned: Mapping[Strategy, ParallelEstimate]) -> str | None:
+    """One line naming the strategies left out of `planned`, with the planner's reason; None if none."""
+    missing = [s for s in STRATEGY_ORDER if s not in planned]
+    if not missing:
+        return None
+    try:
+        parallel_estimate(shape, scenario, ParallelPlan(num_devices, missing[0]), next(iter(planned.values())).base)
+    except PlannerInputError as error:
+        return f"Not planned: {', '.join(s.value for s in missing)} ({error})."
+    return f"Not planned: {', '.join(s.value for s in missing)}."
 
 
 def memory_table(estimates: Mapping[Strategy, ParallelEstimate], capacity_bytes: int) -> pd.DataFrame:
