@@ -139,8 +139,8 @@ def test_an_applied_sharded_plan_shows_on_plan_per_gpu_under_its_strategy():
     at.switch_page("app_pages/plan.py").run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert not [m for m in at.markdown if "later version" in m.value]
-    table = at.dataframe[0].value
-    shown = dict(zip(table["category"], (int(b) for b in table["bytes"])))
+    table = at.table[0].value  # Plan's breakdown: a static table, bytes as text with separators
+    shown = dict(zip(table["category"], (int(b.replace(",", "")) for b in table["bytes"])))
     assert shown["Peak (total)"] == option.peak_bytes
     assert shown["Communication buffers"] == parallel_estimate(
         load_model_shape("llama-2-7b", Task.CAUSAL_LM, 2), option.scenario,

@@ -122,11 +122,25 @@ def _user_dir() -> Path:
     return (Path(base) if base else Path.home() / ".cache" / "training-memory-planner") / "probes"
 
 
+# Parsed table files by path, with the (mtime, size) they were parsed at: a shipped file holds
+# every class of a model (up to 4.6 MB), and each class looked up that is not yet in _MEMORY
+# re-parsed it whole (a fit search or `planner batch` asks for dozens).
+_PARSED: dict[Path, tuple[tuple[int, int], dict]] = {}
+
+
 def _read(path: Path) -> dict:
+    """The file's tables (empty when absent or unreadable); shared between callers: never mutate."""
     try:
-        return json.loads(path.read_text())
+        status = path.stat()
+        version = (status.st_mtime_ns, status.st_size)
+        parsed = _PARSED.get(path)
+        if parsed is not None and parsed[0] == version:
+            return parsed[1]
+        tables = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    _PARSED[path] = (version, tables)
+    return tables
 
 
 @contextlib.contextmanager
@@ -323,8 +337,7 @@ def store_step(shape: ModelShape, scenario: Scenario, step_bytes: int, path: Pat
 def _store_entry(key: str, entry: dict, path: Path) -> None:
     """Written whole, then renamed: never half a file."""
     try:
-        tables = _read(path)
-        tables[key] = entry
+        tables = {**_read(path), key: entry}  # a copy: what _read returns is shared
         write_tables(tables, path)
     except OSError:
         pass  # an unwritable cache costs a re-probe next time, never the answer
