@@ -35,8 +35,7 @@ from views.multi_gpu_figures import (
     measured_runs_table,
     memory_by_strategy_figure,
     memory_table,
-    strategies_not_planned,
-    strategy_estimates,
+    strategy_plans,
 )
 from views.verify_results import plan_request
 
@@ -160,13 +159,13 @@ def render() -> None:
                 f"**{context.parallel.strategy.value}**, is the one Plan and the other pages show.")
     scenario = context.scenario
     try:
-        estimates = strategy_estimates(context.shape, scenario, num_devices, context.result)
+        plans = strategy_plans(context.shape, scenario, num_devices, context.result)
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")
         return
-    left_out = strategies_not_planned(context.shape, scenario, num_devices, estimates)
-    if left_out is not None:
-        st.info(left_out, icon=":material/info:")
+    estimates = plans.planned
+    if plans.refused:
+        st.info(plans.not_planned_line(), icon=":material/info:")
 
     st.header("Memory per GPU")
     st.markdown(

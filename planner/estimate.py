@@ -258,9 +258,9 @@ def check_scenario_fits_model(shape: ModelShape, scenario: Scenario) -> None:
         )
     # (A shape of task seq2seq-lm exists only for an encoder-decoder: transformers builds no other.)
     if (scenario.task is Task.SEQ2SEQ_LM and shape.max_positions is not None
-            and scenario.target_tokens > shape.max_positions):
+            and scenario.target_len > shape.max_positions):
         raise PlannerInputError(
-            f"target length {scenario.target_tokens:,} exceeds {shape.name}'s {shape.max_positions:,} positions "
+            f"target length {scenario.target_len:,} exceeds {shape.name}'s {shape.max_positions:,} positions "
             "(max_position_embeddings): use a shorter target"
         )
     if scenario.attention is Attention.SDPA and not shape.supports_sdpa:

@@ -190,12 +190,8 @@ class Scenario:
     engine: Engine = Engine.ACCELERATE
     finetune: FineTune = FineTune()  # full fine-tuning, or LoRA / QLoRA adapters (planner.finetune)
     cuda_segments: CudaSegments = CudaSegments.CUDA_MALLOC  # PYTORCH_CUDA_ALLOC_CONF; read on CUDA only
-    target_len: int | None = None  # seq2seq-lm: the labels' tokens per sequence (made seq_len if not given)
-
-    @property
-    def target_tokens(self) -> int:
-        """A sequence-to-sequence step's target length (the decoder's sequence): target_len, else seq_len."""
-        return self.seq_len if self.target_len is None else self.target_len
+    # seq2seq-lm: the labels' tokens per sequence, seq_len when not given; None for every other task.
+    target_len: int | None = None
 
     def __post_init__(self) -> None:
         _positive_int(self.batch_size, "batch size")

@@ -101,12 +101,13 @@ def test_lora_on_all_linear_layers_of_a_token_classifier_is_refused_in_peft_word
 
 def test_the_strategy_comparison_leaves_out_what_is_not_planned_and_says_why():
     from planner.strategy import Strategy
-    from views.multi_gpu_figures import STRATEGY_ORDER, strategies_not_planned, strategy_estimates
+    from views.multi_gpu_figures import STRATEGY_ORDER, strategy_plans
 
     scenario = scenario_from_values(task="token-classification", num_labels=3, batch_size=2, seq_len=16, device="cpu")
     shape = model_shape_for_config(_config("tiny-distilbert"), scenario.task, scenario.num_labels, "tiny-distilbert")
-    planned = strategy_estimates(shape, scenario, 2)
+    plans = strategy_plans(shape, scenario, 2)
+    planned = plans.planned
     assert set(planned) == {Strategy.DDP, Strategy.ZERO1, Strategy.ZERO2}
-    line = strategies_not_planned(shape, scenario, 2, planned)
+    line = plans.not_planned_line()
     left_out = [s.value for s in STRATEGY_ORDER if not s.shards_parameters and s not in planned]
     assert not left_out and line.startswith("Not planned: zero3, ") and "token classification with zero3" in line

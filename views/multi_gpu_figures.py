@@ -53,32 +53,37 @@ def whole_bytes(value: float | None) -> int | None:
     return None if value is None else round(value)
 
 
-def strategy_estimates(shape: ModelShape, scenario: Scenario, num_devices: int,
-                       base: Estimate | None = None) -> dict[Strategy, ParallelEstimate]:
-    """Every multi-device strategy on `num_devices` GPUs the planner plans for this scenario, each
-    with the scenario's micro-batch per GPU (strategies_not_planned says which it refuses, and why)."""
-    planned = {}
+@dataclass(frozen=True)
+class StrategyPlans:
+    planned: dict[Strategy, ParallelEstimate]
+    refused: dict[Strategy, str]  # the planner's one-line reason per strategy it does not plan here
+
+    def not_planned_line(self) -> str | None:
+        """One line naming the strategies left out, with the first one's reason; None if none."""
+        if not self.refused:
+            return None
+        return f"Not planned: {', '.join(s.value for s in self.refused)} ({next(iter(self.refused.values()))})."
+
+
+def strategy_plans(shape: ModelShape, scenario: Scenario, num_devices: int,
+                   base: Estimate | None = None) -> StrategyPlans:
+    """Every multi-device strategy on `num_devices` GPUs, each with the scenario's micro-batch per
+    GPU, where the planner plans it; the refusal of all of them is the scenario's own: raised."""
+    planned, refused = {}, {}
     for strategy in STRATEGY_ORDER:
         try:
             planned[strategy] = parallel_estimate(shape, scenario, ParallelPlan(num_devices, strategy), base)
-        except PlannerInputError:
-            continue
-    if not planned:  # a refusal of the scenario itself, not of a strategy: say it
-        parallel_estimate(shape, scenario, ParallelPlan(num_devices, STRATEGY_ORDER[0]), base)
-    return planned
+        except PlannerInputError as error:
+            refused[strategy] = str(error)
+    if not planned:
+        raise PlannerInputError(refused[STRATEGY_ORDER[0]])
+    return StrategyPlans(planned, refused)
 
 
-def strategies_not_planned(shape: ModelShape, scenario: Scenario, num_devices: int,
-                           planned: Mapping[Strategy, ParallelEstimate]) -> str | None:
-    """One line naming the strategies left out of `planned`, with the planner's reason; None if none."""
-    missing = [s for s in STRATEGY_ORDER if s not in planned]
-    if not missing:
-        return None
-    try:
-        parallel_estimate(shape, scenario, ParallelPlan(num_devices, missing[0]), next(iter(planned.values())).base)
-    except PlannerInputError as error:
-        return f"Not planned: {', '.join(s.value for s in missing)} ({error})."
-    return f"Not planned: {', '.join(s.value for s in missing)}."
+def strategy_estimates(shape: ModelShape, scenario: Scenario, num_devices: int,
+                       base: Estimate | None = None) -> dict[Strategy, ParallelEstimate]:
+    """The strategies strategy_plans plans, by strategy."""
+    return strategy_plans(shape, scenario, num_devices, base).planned
 
 
 def memory_table(estimates: Mapping[Strategy, ParallelEstimate], capacity_bytes: int) -> pd.DataFrame:

@@ -153,7 +153,7 @@ def synthetic_batch(config_dict: dict, scenario: Scenario, seed: int = 0, device
         batch["labels"] = torch.randint(0, scenario.num_labels, shape, generator=generator)
     elif scenario.task is Task.SEQ2SEQ_LM:
         # The model shifts the labels right into its decoder's input (shift_tokens_right).
-        batch["labels"] = torch.randint(0, vocab, (scenario.batch_size, scenario.target_tokens), generator=generator)
+        batch["labels"] = torch.randint(0, vocab, (scenario.batch_size, scenario.target_len), generator=generator)
     else:
         batch["labels"] = input_ids.clone()
     return {k: v.to(device) for k, v in batch.items()}

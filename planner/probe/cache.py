@@ -101,7 +101,7 @@ def technique_key(shape: ModelShape, scenario: Scenario) -> str:
              "window-reached" if window_exceeded(shape, scenario) else "within-window",
              *(["batch-1"] if scenario.batch_size == 1 else []),  # other keys stay as they were
              # A sequence-to-sequence table is a function of b and s at one target length.
-             *([f"target={scenario.target_tokens}"] if scenario.task is Task.SEQ2SEQ_LM else []),
+             *([f"target={scenario.target_len}"] if scenario.task is Task.SEQ2SEQ_LM else []),
              *_finetune_parts(scenario),
              # With adapters and checkpointing the embedding output is a leaf that requires a
              # gradient: tables recorded before the tracker let go of its gradient hooks counted the
