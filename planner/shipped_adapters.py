@@ -13,11 +13,11 @@ one-line refusal. Anything else is built as before. tests/test_shipped_shapes.py
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from importlib import metadata
 from pathlib import Path
 
+from planner.config_identity import config_table_digest
 from planner.errors import PlannerInputError
 from planner.finetune import FineTune
 from planner.scenario import Task
@@ -29,8 +29,7 @@ SHIPPED_DTYPES = ("float32", "bfloat16")
 
 def adapter_file(source_config: str, task: Task, num_labels: int, dtype_name: str) -> Path:
     labels = num_labels if task.uses_labels else 0
-    digest = hashlib.sha256(f"{source_config}\n{task.value}\n{labels}\n{dtype_name}".encode()).hexdigest()[:20]
-    return ADAPTERS_DIR / f"{digest}.json"
+    return ADAPTERS_DIR / f"{config_table_digest(source_config, task.value, str(labels), dtype_name)}.json"
 
 
 @functools.cache

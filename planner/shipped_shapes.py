@@ -16,11 +16,11 @@ tests/test_shipped_shapes.py checks the shipped shapes, and label counts, agains
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from importlib import metadata
 from pathlib import Path
 
+from planner.config_identity import config_table_digest
 from planner.errors import PlannerInputError
 from planner.model_shape import (ArchFamily, FsdpUnit, FsdpUnitKind, MlpKind, ModelShape, NormKind,
                                  ParamTensor)
@@ -40,8 +40,7 @@ _SCALARS = ("model_type", "architecture", "hidden_size", "num_layers", "num_head
 
 def shape_file(source_config: str, task: Task) -> Path:
     """Where the shape of this canonical config JSON under `task` is shipped."""
-    digest = hashlib.sha256(f"{source_config}\n{task.value}".encode()).hexdigest()[:20]
-    return SHAPES_DIR / f"{digest}.json"
+    return SHAPES_DIR / f"{config_table_digest(source_config, task.value)}.json"
 
 
 @functools.cache

@@ -36,7 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.catalog import catalog_entries  # noqa: E402
+from planner.catalog import catalog_config, catalog_entries  # noqa: E402
+from planner.config_task import config_task  # noqa: E402
 from planner.loading import load_model_shape  # noqa: E402
 from planner.probe import cache  # noqa: E402
 from planner.scenario import scenario_from_values  # noqa: E402
@@ -52,12 +53,19 @@ DEVICES = ("cpu", "cuda")
 
 
 def ship(name: str, everything: bool, devices: tuple[str, ...] = DEVICES, eager: bool = False,
-         checkpointing: bool = False) -> int:
+         checkpointing: bool = False, own_task: bool = False) -> int:
     """Probe and store `name`'s classes; `eager`: eager attention's too, where SDPA is the default;
     `checkpointing`: the default precisions' checkpointing classes too (the Plan page's
-    technique chart draws them for every model)."""
+    technique chart draws them for every model); `own_task`: under the task the config's
+    `architectures` names instead of the catalog's (what an uploaded copy of it is planned as)."""
     entry = catalog_entries()[name]
-    shape = load_model_shape(name, entry.default_task)
+    task = entry.default_task
+    if own_task:
+        found = config_task(catalog_config(name))
+        if found is None:
+            return 0
+        task = found.task
+    shape = load_model_shape(name, task)
     path = cache.SHIPPED_DIR / f"{cache.config_digest(shape)}.json"
     written = 0
     attentions = ("sdpa", "eager") if shape.supports_sdpa and eager else ("sdpa",) if shape.supports_sdpa else ("eager",)
@@ -69,7 +77,7 @@ def ship(name: str, everything: bool, devices: tuple[str, ...] = DEVICES, eager:
         for device, checkpointing, batch, attention, seq_len in itertools.product(
                 devices, (False, True) if everything or checkpointing else (False,), BATCH_CLASSES, attentions,
                 seq_lens):
-            scenario = scenario_from_values(task=entry.default_task.value, batch_size=batch, seq_len=seq_len,
+            scenario = scenario_from_values(task=task.value, batch_size=batch, seq_len=seq_len,
                                             device=device, precision=precision, gradient_checkpointing=checkpointing,
                                             attn=attention)
             table = cache.probe_table(shape, scenario)
@@ -84,7 +92,7 @@ def ship(name: str, everything: bool, devices: tuple[str, ...] = DEVICES, eager:
         if "cpu" not in devices:
             continue
         for optimizer in STEP_OPTIMIZERS if everything else DEFAULT_STEP_OPTIMIZERS:
-            scenario = scenario_from_values(task=entry.default_task.value, batch_size=1, seq_len=8, device="cpu",
+            scenario = scenario_from_values(task=task.value, batch_size=1, seq_len=8, device="cpu",
                                             precision=precision, optimizer=optimizer, attn=attentions[0])
             step = cache.probed_step_temporaries(shape, scenario)
             if isinstance(step, str):
@@ -157,6 +165,8 @@ def main() -> int:
     parser.add_argument("--eager", action="store_true", help="eager attention too, for models whose default is SDPA")
     parser.add_argument("--checkpointing", action="store_true",
                         help="the default precisions' checkpointing classes too (the Plan page's chart)")
+    parser.add_argument("--config-task", action="store_true",
+                        help="under the task the config's architectures name (an uploaded copy's), not the catalog's")
     parser.add_argument("--adapters", action="store_true",
                         help="instead: the LoRA and QLoRA classes What fits' default search probes")
     args = parser.parse_args()
@@ -168,7 +178,8 @@ def main() -> int:
     for number, name in enumerate(names, start=1):
         started = time.perf_counter()
         written = (ship_adapters(name) if args.adapters
-                   else ship(name, args.all, devices, args.eager, checkpointing=args.checkpointing))
+                   else ship(name, args.all, devices, args.eager, checkpointing=args.checkpointing,
+                              own_task=args.config_task))
         print(f"[{number}/{len(names)}] {name}: {written} entries in {time.perf_counter() - started:.1f} s", flush=True)
     return 0
 

@@ -66,3 +66,26 @@ def pytest_terminal_summary(terminalreporter):
                                     "every one an estimate or a one-line PlannerInputError")
     if survived:
         terminalreporter.write_line(f"faults injected and survived: {len(survived)} ({', '.join(survived)})")
+
+
+# Variants of a check a cheaper test in the suite already makes on the same code path (another
+# architecture, precision or option through the same probe or search): run by
+# `python benchmarks/extended_tests.py` (or `bash scripts/test.sh --extended`), which writes
+# benchmarks/results/extended_tests.md, so the README's test command stays under 15 minutes.
+def pytest_addoption(parser):
+    parser.addoption("--extended", action="store_true",
+                     help="run only the tests marked extended (the longer variants), not the suite")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "extended: a longer variant run by benchmarks/extended_tests.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    extended = config.getoption("--extended")
+    kept = [item for item in items if (item.get_closest_marker("extended") is not None) == extended]
+    kept_ids = {id(item) for item in kept}
+    dropped = [item for item in items if id(item) not in kept_ids]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

@@ -207,15 +207,15 @@ def test_uploaded_config_is_estimated_as_the_task_its_architectures_name():
 
 
 def test_a_task_chosen_over_the_uploaded_configs_is_noted():
-    # GPT-2: its causal-LM tables ship; the sequence classifier is a class of its own, probed here.
-    data = (CATALOG_DIR / "gpt2.json").read_bytes()  # architectures: GPT2LMHeadModel
+    # DistilBERT: the tables of its masked LM (its architectures) and of its classifier both ship.
+    data = (CATALOG_DIR / "distilbert-base-cased.json").read_bytes()  # architectures: DistilBertForMaskedLM
     at = upload(run_app(), data)
-    label = f"GPT2LMHeadModel · {hashlib.sha256(data).hexdigest()[:12]}"
-    assert at.caption[0].value.startswith(f"**{label}**: GPT2LMHeadModel")
+    label = f"DistilBertForMaskedLM · {hashlib.sha256(data).hexdigest()[:12]}"
+    assert at.caption[0].value.startswith(f"**{label}**: DistilBertForMaskedLM")
     at.selectbox(key="task").set_value("sequence-classification").run()
     assert not at.exception and not at.error
-    assert at.caption[0].value.startswith(f"**{label}**: GPT2ForSequenceClassification")
-    assert at.info[0].value == ("The config's architectures name GPT2LMHeadModel (causal-lm); planned as "
+    assert at.caption[0].value.startswith(f"**{label}**: DistilBertForSequenceClassification")
+    assert at.info[0].value == ("The config's architectures name DistilBertForMaskedLM (masked-lm); planned as "
                                 "sequence-classification, the task chosen in the sidebar.")
 
 
@@ -310,10 +310,12 @@ class _FakeHub(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fake_hub(monkeypatch):
-    """A local hub serving the catalog's Mistral config as mistralai/Mistral-7B-v0.1."""
+    """A local hub serving the catalog's Mistral and DistilBERT configs under their hub ids."""
     st.cache_data.clear()
     _FakeHub.configs = {"/mistralai/Mistral-7B-v0.1/resolve/main/config.json":
-                        (CATALOG_DIR / "mistral-7b-v0.1.json").read_bytes()}
+                        (CATALOG_DIR / "mistral-7b-v0.1.json").read_bytes(),
+                        "/distilbert/distilbert-base-cased/resolve/main/config.json":
+                        (CATALOG_DIR / "distilbert-base-cased.json").read_bytes()}
     _FakeHub.requests = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -347,8 +349,11 @@ def test_a_hub_model_id_is_fetched_once_and_planned_as_its_architectures_name(fa
     assert fake_hub.requests == ["/mistralai/Mistral-7B-v0.1/resolve/main/config.json"]
     assert at.session_state["hub_model_id"] == "mistralai/Mistral-7B-v0.1"  # and the link carries it
     assert encode({"model_source": "hub", "hub_model_id": "mistralai/Mistral-7B-v0.1"})["hub_model_id"]
-    at.selectbox(key="task").set_value("sequence-classification").run()  # a task over the config's is noted
-    assert at.info[0].value.startswith("The config's architectures name MistralForCausalLM (causal-lm)")
+    # A task chosen over the config's is noted (DistilBERT: both of its tasks' tables ship, no probe).
+    at = hub_model(at, "distilbert/distilbert-base-cased")
+    assert at.selectbox(key="task").value == "masked-lm" and not at.error  # DistilBertForMaskedLM
+    at.selectbox(key="task").set_value("sequence-classification").run()
+    assert at.info[0].value.startswith("The config's architectures name DistilBertForMaskedLM (masked-lm)")
 
 
 def test_an_unknown_hub_id_is_one_line_and_the_page_recovers(fake_hub):

@@ -346,6 +346,16 @@ def test_mistral_on_8_a100_keeps_adamw_unless_risky_changes_are_allowed(mistral,
         assert option.to_json()["risks"] == [r.value for r in option.risks]
     # Allowed, risky plans still rank after every plan that risks nothing.
     assert allowed.options[:len(safe.options)] == safe.options
+
+
+# Extended (conftest.py): the CLI searches every option's largest sequence too, each answer
+# replayed through the caching allocator (tens of seconds on two cores); tests/test_cli.py and
+# test_cli_fit_json_and_errors below take the CLI's fit path in the suite.
+@pytest.mark.extended
+def test_mistral_on_8_a100_from_the_cli_keeps_adamw_unless_risky_changes_are_allowed(mistral, capsys):
+    own = base(seq_len=2048, precision="bf16-mixed")
+    target = FitTarget(2048, effective_batch=64)
+
     # The CLI, from the same plan: AdamW first, SGD and pure bf16 only with --allow-risky. It
     # searches the room the CUDA overheads leave on each GPU under each strategy (the context;
     # NCCL communicators: one under DDP and FSDP, two under ZeRO; planner.cuda_overheads).

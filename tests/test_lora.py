@@ -19,9 +19,10 @@ from runners.request import Mode
 CASES = [
     ("tiny-llama", "causal-lm", {"gradient_checkpointing": True, "lora_targets": "q_proj,v_proj"}, Mode.CPU),
     ("tiny-llama", "causal-lm", {"engine": "trainer", "precision": "bf16-mixed"}, Mode.CPU),
-    # Pure bf16: PEFT keeps the adapters in fp32 on the bf16 base.
-    ("tiny-neox", "causal-lm", {"lora_dropout": 0.0, "gradient_checkpointing": True, "precision": "bf16"},
-     Mode.SIMULATE),
+    # Pure bf16: PEFT keeps the adapters in fp32 on the bf16 base (extended: conftest.py; pure bf16
+    # LoRA on CUDA kernels is in the suite below).
+    pytest.param("tiny-neox", "causal-lm", {"lora_dropout": 0.0, "gradient_checkpointing": True, "precision": "bf16"},
+                 Mode.SIMULATE, marks=pytest.mark.extended),
     # PEFT trains the classifier head in full (modules_to_save), a deep copy of it.
     ("tiny-distilbert", "sequence-classification", {"lora_targets": "q_lin,v_lin"}, Mode.SIMULATE),
     # The Trainer with checkpointing once measured two fp32 (b, s, h) tensors more than planned: torch
@@ -42,7 +43,7 @@ def test_lora_probe_matches_the_measured_peft_step(name, task, overrides, mode):
 
 
 @pytest.mark.parametrize("name,overrides", [
-    ("tiny-llama", {"precision": "bf16-mixed"}),
+    pytest.param("tiny-llama", {"precision": "bf16-mixed"}, marks=pytest.mark.extended),
     ("tiny-neox", {"precision": "bf16", "gradient_checkpointing": True, "optimizer": "adafactor"}),
 ])
 def test_lora_on_cuda_is_probed_with_cuda_kernels_as_a_full_depth_fake_cuda_step_measures(name, overrides):

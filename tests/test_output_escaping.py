@@ -16,6 +16,7 @@ from markdown_it import MarkdownIt
 
 from app_pages.page_context import model_caption, task_override_note
 from app_pages.query_state import decode_with_rejects, rejects_warning
+from planner.catalog import catalog_config
 from planner.loading import model_shape_for_config
 from planner.scenario import Task, scenario_from_values
 from planner.strategy import ParallelPlan, Strategy
@@ -100,7 +101,7 @@ def test_a_links_strategy_is_one_of_its_choices_and_its_warning_quotes_none_of_t
 
 
 def _report_with_runs(name: str):
-    config = tiny_config("tiny-llama")
+    config = catalog_config("gpt2")  # planned from its shipped tables: escaping, not probing, is tested here
     values = {k: DEFAULTS[k] for k in SCENARIO_KEYS} | {"task": "causal-lm"}
     scenario = scenario_from_values(**values)
     shape = model_shape_for_config(config, scenario.task, scenario.num_labels, name)

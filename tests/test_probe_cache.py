@@ -180,3 +180,30 @@ def test_two_threads_probing_at_once_get_the_tables_one_thread_gets():
         others = [other for other in jobs if other != name]
         assert any(line.startswith(f"probing {name} ") for line in lines[name]), lines[name]
         assert not any(other in line for other in others for line in lines[name]), lines[name]
+
+
+def _built_parameters(config_dict: dict) -> list[tuple[str, tuple[int, ...], str]]:
+    import torch
+    import transformers
+
+    config = load_transformers_config(config_dict, Task.CAUSAL_LM, 2)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return [(name, tuple(p.shape), type(model).__name__) for name, p in model.named_parameters()]
+
+
+def test_a_renamed_catalog_config_reads_the_catalog_s_tables_and_a_changed_one_does_not():
+    """A fine-tune saved under another name, class list and transformers version: transformers
+    builds the same model from it, so it is planned from the shipped tables with no probe."""
+    catalog = load_model_shape("gpt2", Task.CAUSAL_LM)
+    config = json.loads(catalog.source_config)
+    renamed = {**config, "_name_or_path": "someone/gpt2-finetuned", "architectures": ["GPT2ForSequenceClassification"],
+               "transformers_version": "4.40.0"}
+    assert _built_parameters(renamed) == _built_parameters(config)
+    shape = model_shape_for_config(renamed, Task.CAUSAL_LM, 2, "renamed")
+    scenario = scenario_from_values(task="causal-lm", batch_size=4, seq_len=128, device="cuda",
+                                    precision="bf16-mixed", gradient_checkpointing=True)
+    assert cache.is_ready(shape, scenario)  # shipped: no probe will run
+    assert estimate(shape, scenario).peak_bytes == estimate(catalog, scenario).peak_bytes
+    deeper = model_shape_for_config({**renamed, "n_layer": config["n_layer"] + 1}, Task.CAUSAL_LM, 2, "deeper")
+    assert config_digest(deeper) != config_digest(shape) and not cache.is_ready(deeper, scenario)

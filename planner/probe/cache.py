@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import os
 import threading
@@ -21,6 +20,7 @@ from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 
+from planner.config_identity import config_table_digest
 from planner.finetune import Method
 from planner.model_shape import ModelShape
 from planner.probe.table import ProbeTable
@@ -51,13 +51,10 @@ def library_versions() -> str:
     return ",".join(f"{name}={metadata.version(name)}" for name in ("torch", "transformers", "accelerate"))
 
 
-@functools.lru_cache(maxsize=256)
-def _digest(source_config: str) -> str:
-    return hashlib.sha256(source_config.encode()).hexdigest()[:20]
-
-
 def config_digest(shape: ModelShape) -> str:
-    return _digest(shape.source_config)
+    """The table file's name: the config's digest without the keys that only name the
+    checkpoint (planner.config_identity), so a renamed copy of a model reads its tables."""
+    return config_table_digest(shape.source_config)
 
 
 def window_exceeded(shape: ModelShape, scenario: Scenario) -> bool:
