@@ -3,7 +3,7 @@
 workers, each test's outcome and seconds written to benchmarks/results/extended_tests.md.
 
 The suite keeps a cheaper test on each of their code paths (another architecture, precision
-or option through the same probe or search), so it stays under 15 minutes on two cores;
+or option through the same probe or search), which keeps it shorter on two cores;
 these run here, before a change lands that touches those paths.
 
 Run: python benchmarks/extended_tests.py   (or `bash scripts/test.sh --extended` for pytest's output)

@@ -16,18 +16,17 @@ import functools
 import hashlib
 import json
 
-NAMING_KEYS = frozenset({"_name_or_path", "name_or_path", "architectures", "transformers_version", "_commit_hash"})
+NAMING_KEYS = frozenset({"_name_or_path", "architectures", "transformers_version", "_commit_hash"})
 
 
-@functools.lru_cache(maxsize=256)
 def built_config_text(source_config: str) -> str:
-    """`source_config` (canonical JSON) without the keys that only name the checkpoint."""
+    """`source_config` (the config as canonical JSON) without the keys that only name the checkpoint."""
     config = json.loads(source_config)
-    if not isinstance(config, dict):
-        return source_config
     return json.dumps({key: value for key, value in config.items() if key not in NAMING_KEYS}, sort_keys=True)
 
 
+# Looked up for every estimate (planner.probe.cache.config_digest): parsed and hashed once per config.
+@functools.lru_cache(maxsize=1024)
 def config_table_digest(source_config: str, *qualifiers: str) -> str:
     """The file name (20 hex digits of SHA-256) of a table for this config and `qualifiers`."""
     text = "\n".join((built_config_text(source_config), *qualifiers))

@@ -71,7 +71,7 @@ def pytest_terminal_summary(terminalreporter):
 # Variants of a check a cheaper test in the suite already makes on the same code path (another
 # architecture, precision or option through the same probe or search): run by
 # `python benchmarks/extended_tests.py` (or `bash scripts/test.sh --extended`), which writes
-# benchmarks/results/extended_tests.md, so the README's test command stays under 15 minutes.
+# benchmarks/results/extended_tests.md, to keep the README's test command short.
 def pytest_addoption(parser):
     parser.addoption("--extended", action="store_true",
                      help="run only the tests marked extended (the longer variants), not the suite")

@@ -349,8 +349,8 @@ def test_mistral_on_8_a100_keeps_adamw_unless_risky_changes_are_allowed(mistral,
 
 
 # Extended (conftest.py): the CLI searches every option's largest sequence too, each answer
-# replayed through the caching allocator (tens of seconds on two cores); tests/test_cli.py and
-# test_cli_fit_json_and_errors below take the CLI's fit path in the suite.
+# replayed through the caching allocator (tens of seconds on two cores); test_cli_fit_json_and_errors
+# below and tests/test_cli_hostile_input.py take the CLI's fit path in the suite.
 @pytest.mark.extended
 def test_mistral_on_8_a100_from_the_cli_keeps_adamw_unless_risky_changes_are_allowed(mistral, capsys):
     own = base(seq_len=2048, precision="bf16-mixed")

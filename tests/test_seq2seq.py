@@ -61,7 +61,7 @@ def test_a_conditional_generation_config_is_planned_as_seq2seq():
     ("t5", TINY_T5, dict(attn="eager")),
     ("bart", TINY_BART, dict(attn="sdpa", precision="bf16-mixed", grad_accum=2)),
     pytest.param("t5", TINY_T5, dict(attn="eager", gradient_checkpointing=True, optimizer="adafactor"),
-                 marks=pytest.mark.extended),  # checkpointing in seq2seq: CUDA kernels' test below
+                 marks=pytest.mark.extended),  # checkpointing T5's two stacks: test_encoder_decoder_probe.py
     ("bart", TINY_BART, dict(attn="sdpa", finetune="lora", lora_r=4, lora_targets="q_proj,v_proj")),
 ])
 def test_seq2seq_equals_its_simulated_step_on_cpu(name, config, values):
