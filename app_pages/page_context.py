@@ -21,7 +21,7 @@ from planner.estimate import Estimate, estimate
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
 from planner.probe.cache import probe_progress
-from planner.scenario import Device, Scenario
+from planner.scenario import Scenario
 from planner.strategy import ParallelPlan
 from views.comparison import MethodRow, compare_methods
 from views.escaping import markdown_text
@@ -166,10 +166,8 @@ def probe_status(name: str) -> Iterator[None]:
 
 
 def estimate_with_progress(shape: ModelShape, scenario: Scenario) -> Estimate:
-    """The first CPU-kernel or LoRA / QLoRA estimate of a model probes its training step
-    (seconds to a minute): show the probe's progress lines."""
-    if scenario.device is not Device.CPU and not scenario.finetune.uses_adapters:
-        return estimate(shape, scenario)
+    """A model's first estimate of a technique class probes its training step (seconds to a
+    minute) unless its tables ship: show the probe's progress lines."""
     with probe_status(shape.name):
         return estimate(shape, scenario)
 

@@ -7,15 +7,44 @@ Layout only: numbers come from planner.estimate and the shared tables and figure
 
 import streamlit as st
 
-from app_pages.page_context import cached_for_model, cached_for_scenario, start_page
+from app_pages.page_context import cached_for_model, cached_for_scenario, probe_status, start_page
 from planner.device_fit import reserved_check
 from planner.fit import fit_limits
+from planner.probe.cache import NotProbedYet, stored_only
 from planner.units import format_bytes
 from planner.verdict import tensor_budget_bytes
 from views.breakdown import breakdown_table, verdict_for, verdict_table, with_byte_separators
-from views.comparison import adapter_summary, batch_sizes_for_chart, chart_base, memory_vs_batch
+from views.comparison import (
+    adapter_summary,
+    batch_sizes_for_chart,
+    chart_base,
+    memory_vs_batch,
+    memory_vs_batch_known,
+    unprobed_text,
+)
+from views.escaping import markdown_text
 from views.figures import memory_vs_batch_figure, phase_breakdown_figure
 from views.inputs import preset_gpu, total_capacity_bytes
+
+
+def _batch_series(context, sizes: list[int]):
+    """(technique label -> points, the techniques left out because their step is not probed yet).
+    The lines follow from the model, the scenario's sequence and task and the sizes, not from the
+    sidebar's batch, optimizer or precision: those only move the star (cached per model). A
+    model whose tables are not all known (an upload) draws what is known and probes nothing:
+    the rest of the page is its answer, and probing every technique took 45 s on 2 cores."""
+    shape, key = context.shape, (chart_base(context.base_values), tuple(sizes))
+    try:
+        return cached_for_model(context, "plan batch series", lambda: _every_line_known(shape, context.base_values, sizes),
+                                *key), ()
+    except NotProbedYet:  # not cached: the next run draws what a probe since has added
+        return memory_vs_batch_known(shape, context.base_values, sizes)
+
+
+def _every_line_known(shape, base, sizes: list[int]):
+    """memory_vs_batch, or NotProbedYet where a line would probe first (nothing is cached then)."""
+    with stored_only():
+        return memory_vs_batch(shape, base, sizes)
 
 
 def render() -> None:
@@ -66,8 +95,12 @@ def render() -> None:
 
     budget = tensor_budget_bytes(capacity, context.scenario.device, gpu, parallel)
     check = reserved_check(capacity, context.scenario.device, gpu)
+    # The searches start from the sidebar's plan where it fits: a new model's batch 1, a probe
+    # class of its own, is then planned only when the sidebar's batch does not fit.
+    scenario_fits = verdict.fits and verdict.peak_bytes <= budget
     limits = cached_for_scenario(context, "plan limits",
-                                 lambda: fit_limits(shape, context.scenario, budget, plan=parallel, check=check))
+                                 lambda: fit_limits(shape, context.scenario, budget, plan=parallel, check=check,
+                                                    scenario_fits=scenario_fits))
     batch_column, seq_column = st.columns(2)
     batch_text = "none" if limits.batch_size is None else f"{limits.batch_size:,}"
     seq_text = "none" if limits.seq_len is None else f"{limits.seq_len:,}"
@@ -107,19 +140,24 @@ def render() -> None:
     current = (context.scenario.batch_size * context.scenario.grad_accum_steps, result.peak_bytes)
 
     sizes = batch_sizes_for_chart(limits.batch_size)
-    # Its lines follow from the model, the scenario's sequence and task and the sizes, not from the
-    # sidebar's batch, optimizer or precision: those only move the star (cached per scenario).
-    series = cached_for_model(context, "plan batch series",
-                              lambda: memory_vs_batch(shape, context.base_values, sizes),
-                              chart_base(context.base_values), tuple(sizes))
+    series, unprobed = _batch_series(context, sizes)
 
     def batch_figure():
         return memory_vs_batch_figure(series, max(budget, 0), title=f"{shape.name}: peak against batch size "
                                                                    f"at {context.scenario.seq_len:,} tokens",
                                       current=current)
 
-    st.plotly_chart(cached_for_scenario(context, "plan batch chart", batch_figure), width="stretch",
+    st.plotly_chart(cached_for_scenario(context, "plan batch chart", batch_figure,
+                                        tuple((label, tuple(points)) for label, points in series.items())), width="stretch",
                     key="batch_chart")
+    if unprobed:
+        st.info(f"Not drawn yet: {markdown_text(unprobed_text(unprobed))}. They need {markdown_text(shape.name)}'s "
+                "training step probed once per technique on fake tensors (seconds each on 2 cores); the probes "
+                "are kept for next time.", icon=":material/hourglass_empty:")
+        if st.button("Probe and draw the rest", key="probe_chart_techniques"):
+            with probe_status(shape.name):
+                memory_vs_batch(shape, context.base_values, sizes, [technique for technique, _ in unprobed])
+            st.rerun()
     one_device = (" on one GPU holding a full replica (the sidebar's strategy is not applied here)"
                   if parallel.distributed else "")
     st.caption(f"Each technique starts from AdamW fp32 with full fine-tuning, without checkpointing or "

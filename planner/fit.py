@@ -167,12 +167,13 @@ def _passes_at(check: FitsCheck | None, shape: ModelShape, scenario: Scenario, f
 
 def max_batch_size(shape: ModelShape, scenario: Scenario, capacity_bytes: int,
                    limit: int = BATCH_SEARCH_LIMIT, plan: ParallelPlan | None = None,
-                   check: FitsCheck | None = None) -> int | None:
+                   check: FitsCheck | None = None, known_fit: int = 1) -> int | None:
     """Largest micro-batch (sequences) of `scenario` whose peak fits `capacity_bytes` (the
     room for the step's tensors) and that passes `check` (planner.device_fit.reserved_check);
-    None when batch 1 does not."""
+    None when batch 1 does not. `known_fit`: a batch the caller knows fits and passes (the
+    search starts there, and never plans batch 1, its own probe class, when that is above 1)."""
     return largest_fitting(lambda b: _peak_or_none(shape, dataclasses.replace(scenario, batch_size=b), plan),
-                           capacity_bytes, limit, passes=_passes_at(check, shape, scenario, "batch_size", plan))
+                           capacity_bytes, limit, known_fit, _passes_at(check, shape, scenario, "batch_size", plan))
 
 
 def max_seq_len(shape: ModelShape, scenario: Scenario, capacity_bytes: int,
@@ -194,11 +195,15 @@ class FitLimits:
 
 
 def fit_limits(shape: ModelShape, scenario: Scenario, capacity_bytes: int,
-               plan: ParallelPlan | None = None, check: FitsCheck | None = None) -> FitLimits:
-    """Largest batch and sequence on one device, or per GPU under `plan`."""
-    seq = max_seq_len(shape, scenario, capacity_bytes, plan=plan, check=check)
+               plan: ParallelPlan | None = None, check: FitsCheck | None = None,
+               scenario_fits: bool = False) -> FitLimits:
+    """Largest batch and sequence on one device, or per GPU under `plan`. `scenario_fits`: the
+    caller has found `scenario` itself to fit and pass `check` (both searches start from it)."""
+    known_batch, known_seq = (scenario.batch_size, scenario.seq_len) if scenario_fits else (1, 1)
+    seq = max_seq_len(shape, scenario, capacity_bytes, plan=plan, check=check, known_fit=known_seq)
     capped = seq is not None and shape.max_positions is not None and seq == shape.max_positions
-    return FitLimits(max_batch_size(shape, scenario, capacity_bytes, plan=plan, check=check), seq, capped)
+    return FitLimits(max_batch_size(shape, scenario, capacity_bytes, plan=plan, check=check, known_fit=known_batch),
+                     seq, capped)
 
 
 # --- The fit finder -------------------------------------------------------------------

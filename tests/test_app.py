@@ -72,8 +72,10 @@ def assert_page_shows(at: AppTest, result) -> None:
         "Weights": peak.weights, "Gradients": peak.gradients, "Optimizer state": peak.optimizer_state,
         "Activations": peak.activations, "Temporaries": peak.temporaries, "Peak (total)": result.peak_bytes,
     }
-    assert f"**{result.peak_phase.value}**" in at.markdown[0].value
-    assert result.peak_reason in at.markdown[0].value
+    # The first markdown after any probe's progress lines (a status box above the page).
+    where = next(m.value for m in at.markdown if m.value.startswith("The peak is in"))
+    assert f"**{result.peak_phase.value}**" in where
+    assert result.peak_reason in where
 
 
 def verdict_text(at: AppTest) -> str:
@@ -430,3 +432,47 @@ def test_a_catalog_models_plan_page_on_cuda_probes_nothing(monkeypatch):
     at.query_params.update({"catalog_model": "bert-base-uncased", "task": "sequence-classification"})
     at.run()
     assert not at.exception and not probed
+
+
+def test_a_new_model_s_plan_page_probes_only_its_own_class_and_draws_the_rest_on_request():
+    """An upload nobody has probed: the page answers after probing the sidebar's technique
+    class alone (its batch fits, so the batch search never plans batch 1, a class of its own),
+    draws the chart lines those tables give, and names the rest; the button probes them and
+    the chart then equals memory_vs_batch called directly."""
+    from planner.probe import cache
+    from tests.conftest import CONFIGS
+    from views.comparison import CHART_TECHNIQUES, chart_base, memory_vs_batch, technique_values
+
+    data = (CONFIGS / "tiny-gpt2.json").read_bytes()  # 256 positions
+    at = run_app()
+    at.number_input(key="seq_len").set_value(128).run()
+    at = upload(at, data)
+    at.run(timeout=PROBING_TIMEOUT_S)
+    assert not at.exception and not at.error
+    values = {key: DEFAULTS[key] for key in SCENARIO_KEYS} | {"task": "causal-lm", "seq_len": 128}
+    scenario = scenario_from_values(**values)
+    shape = model_shape_for_config(json.loads(data), scenario.task, scenario.num_labels, "config.json")
+    assert_page_shows(at, estimate(shape, scenario))
+
+    def probed(technique, batch):
+        return cache.is_ready(shape, scenario_from_values(**technique_values({**values, "batch_size": batch}, technique)))
+
+    baseline, bf16 = CHART_TECHNIQUES[0], next(t for t in CHART_TECHNIQUES if t.key == "bf16")
+    assert probed(baseline, 2) and not probed(baseline, 1) and not probed(bf16, 2)
+    spec = chart_spec(at, 1)
+    drawn = {t["name"]: t for t in spec["data"] if not t["name"].startswith("your plan")}
+    assert baseline.label in drawn and drawn[baseline.label]["x"][0] == 2  # batch 1 is not probed yet
+    assert bf16.label not in drawn
+    [note] = [i.value for i in at.info if i.value.startswith("Not drawn yet")]
+    assert bf16.label in note and f"batch 1 of {baseline.label}" in note
+
+    at.button(key="probe_chart_techniques").click().run(timeout=PROBING_TIMEOUT_S)
+    assert not at.exception and not at.error
+    assert not [i for i in at.info if i.value.startswith("Not drawn yet")]
+    sizes = [int(x) for x in chart_spec(at, 1)["data"][0]["x"]]
+    expected = memory_vs_batch(shape, dict(chart_base(values)), sizes)  # stored now: no probe
+    drawn = {t["name"]: t for t in chart_spec(at, 1)["data"] if not t["name"].startswith(("your plan", "capacity"))}
+    assert set(drawn) == {t.label for t in CHART_TECHNIQUES}
+    for label, points in expected.items():
+        assert drawn[label]["x"] == [b for b, _ in points]
+        assert drawn[label]["y"] == pytest.approx([None if p is None else p / GIB for _, p in points])

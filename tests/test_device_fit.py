@@ -66,6 +66,23 @@ def test_a_plan_whose_live_tensors_fit_a_24_gb_card_but_whose_reserved_memory_do
     assert fit_limits(gpt2, _plan(), budget, check=check).batch_size == searched
 
 
+def test_limits_searched_from_a_plan_that_fits_are_those_searched_from_one(gpt2):
+    """The Plan page starts both searches at the sidebar's plan when its verdict passes (a new
+    model then never plans batch 1, a probe class of its own): the answers are the searches
+    from batch 1 and one token, on CUDA with the replayed verdict and on the CPU."""
+    capacity = RTX_4090.capacity_bytes
+    budget = tensor_budget_bytes(capacity, Device.CUDA, RTX_4090)
+    check = reserved_check(capacity, Device.CUDA, RTX_4090)
+    for plan in (_plan(batch_size=3, seq_len=512), _plan(batch_size=2, seq_len=256, precision="fp32", grad_accum=2),
+                 _plan(batch_size=5, seq_len=200, device="cpu")):
+        plan_check = check if plan.device is Device.CUDA else None
+        assert plan_check is None or plan_check(gpt2, plan)
+        assert estimate(gpt2, plan).peak_bytes <= budget
+        from_one = fit_limits(gpt2, plan, budget, check=plan_check)
+        assert fit_limits(gpt2, plan, budget, check=plan_check, scenario_fits=True) == from_one
+        assert from_one.batch_size > plan.batch_size and from_one.seq_len > plan.seq_len
+
+
 def test_every_batch_the_search_passes_fits_and_the_next_does_not(gpt2):
     """Across precisions and an accumulating plan, the searched largest batch is exactly where
     the replayed verdict turns (the bisection assumes it turns once)."""

@@ -19,6 +19,7 @@ from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.finetune import FINETUNE_KEYS, FineTune, Method
 from planner.model_shape import ModelShape
+from planner.probe.cache import NotProbedYet, stored_only
 from planner.scenario import scenario_from_values
 from planner.units import format_bytes
 
@@ -362,13 +363,48 @@ def chart_base(base: Mapping[str, object]) -> tuple:
 def memory_vs_batch(shape: ModelShape, base: Mapping[str, object], batch_sizes: Iterable[int],
                     techniques: Iterable[Technique] = CHART_TECHNIQUES) -> dict[str, list[tuple[int, int | None]]]:
     """technique label -> [(effective batch, peak bytes or None where it cannot be estimated)]."""
-    series = {}
-    for technique in techniques:
-        points = []
-        for b in batch_sizes:
-            try:
-                points.append((b, technique_estimate(shape, {**base, "batch_size": b}, technique).peak_bytes))
-            except PlannerInputError:
-                points.append((b, None))
-        series[technique.label] = points
-    return series
+    sizes = tuple(batch_sizes)
+    return {technique.label: _technique_points(shape, base, sizes, technique) for technique in techniques}
+
+
+def memory_vs_batch_known(shape: ModelShape, base: Mapping[str, object], batch_sizes: Iterable[int],
+                          techniques: Iterable[Technique] = CHART_TECHNIQUES,
+                          ) -> tuple[dict[str, list[tuple[int, int | None]]], tuple[tuple[Technique, tuple[int, ...]], ...]]:
+    """(memory_vs_batch's series with only the points whose probe tables are already known,
+    each technique with the batch sizes left out because drawing them would probe the model
+    first). Nothing is probed: a new model's chart shows at once what is known, and batch 1 is
+    a probe class of its own (planner.probe.cache), so a line may start at batch 2."""
+    sizes = tuple(batch_sizes)
+    series, unprobed = {}, []
+    with stored_only():
+        for technique in techniques:
+            points, missing = [], []
+            for b in sizes:
+                try:
+                    points.extend(_technique_points(shape, base, (b,), technique))
+                except NotProbedYet:
+                    missing.append(b)
+            if points:
+                series[technique.label] = points
+            if missing:
+                unprobed.append((technique, tuple(missing)))
+    return series, tuple(unprobed)
+
+
+def unprobed_text(unprobed: Iterable[tuple[Technique, tuple[int, ...]]]) -> str:
+    """What memory_vs_batch_known left out, in words: whole techniques, then lines drawn from batch 2."""
+    whole = [technique.label for technique, missing in unprobed if len(missing) > 1 or missing != (1,)]
+    batch_one = [technique.label for technique, missing in unprobed if missing == (1,)]
+    parts = ([", ".join(whole)] if whole else []) + ([f"batch 1 of {', '.join(batch_one)}"] if batch_one else [])
+    return "; ".join(parts)
+
+
+def _technique_points(shape: ModelShape, base: Mapping[str, object], sizes: tuple[int, ...],
+                      technique: Technique) -> list[tuple[int, int | None]]:
+    points = []
+    for b in sizes:
+        try:
+            points.append((b, technique_estimate(shape, {**base, "batch_size": b}, technique).peak_bytes))
+        except PlannerInputError:
+            points.append((b, None))
+    return points

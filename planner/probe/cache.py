@@ -34,8 +34,8 @@ PROBE_FORMAT = 3
 # which format 3 held at their probe-size values (32, or no table at all).
 CUDA_PROBE_FORMAT = 4
 _MEMORY: dict[tuple[str, str], ProbeTable | str] = {}  # a str is why the probe cannot run
-# Progress sinks per thread: each dashboard session probes on its own script thread and shows
-# only its own probe's lines.
+# Per thread: progress sinks (each dashboard session probes on its own script thread and shows
+# only its own probe's lines), and whether probing is held back (stored_only).
 _progress = threading.local()
 # One probe at a time in a process. torch's ModTracker (under MemTracker) hooks every module
 # through global hooks (torch.nn.modules.module.register_module_forward_pre_hook and friends),
@@ -151,6 +151,23 @@ def probe_progress(sink: Callable[[str], None]) -> Iterator[None]:
         sinks.remove(sink)
 
 
+class NotProbedYet(Exception):
+    """Raised inside `stored_only()` where an answer needs a probe that has not run yet."""
+
+
+@contextlib.contextmanager
+def stored_only() -> Iterator[None]:
+    """Inside (this thread only): answer from tables in memory, shipped or cached, and raise
+    NotProbedYet where one would have to be probed. A page draws what is known at once and
+    offers the rest (a new model's techniques chart: seconds of probing per technique)."""
+    previous = getattr(_progress, "stored_only", False)
+    _progress.stored_only = True
+    try:
+        yield
+    finally:
+        _progress.stored_only = previous
+
+
 def _sinks() -> list[Callable[[str], None]]:
     if not hasattr(_progress, "sinks"):
         _progress.sinks = []
@@ -249,6 +266,8 @@ def _stored_or_computed(shape: ModelShape, key: str, decode: Callable[[dict], ob
     found = _known(digest, key, decode)
     if found is not None:
         return found
+    if getattr(_progress, "stored_only", False):
+        raise NotProbedYet(key)
     if not _PROBE_LOCK.acquire(blocking=False):
         _report("another probe is running in this process: waiting for it to finish")
         _PROBE_LOCK.acquire()
