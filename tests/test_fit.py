@@ -449,8 +449,8 @@ def test_nothing_fits_lists_the_nearest_plans_and_their_misses(gpt2, capsys):
 def test_lora_plans_beside_full_ones_where_the_estimate_plans_them():
     """Device cpu: LoRA and QLoRA plans (PEFT's default r 16, all-linear; nf4 with double
     quantisation) rank after every full plan (they train other parameters), each peak the
-    estimate's. Device cuda: LoRA likewise (probed with CUDA's kernels), QLoRA left out with
-    the estimate's own reason."""
+    estimate's. Device cuda: LoRA and QLoRA likewise (probed with CUDA's kernels), planned on
+    GPT-2, whose CUDA tables ship (a tiny config's CUDA classes took 100 s to probe)."""
     name = "tiny-gpt2"
     own = base(seq_len=SEQ, device="cpu", batch_size=2)
     shape = model_shape_for_config(tiny_config(name), own.task, own.num_labels, name)
@@ -465,11 +465,13 @@ def test_lora_plans_beside_full_ones_where_the_estimate_plans_them():
         assert option.peak_bytes == estimate(shape, option.scenario).peak_bytes
     assert result.left_out == ()
     # Device cuda: LoRA and QLoRA are probed with CUDA's kernels (tests/test_lora.py, tests/test_qlora.py).
-    on_cuda = find_fits(shape, dataclasses.replace(own, device=Device.CUDA), GIB, FitTarget(SEQ, batch_size=2), A10)
+    gpt2 = load_model_shape("gpt2", Task.CAUSAL_LM)
+    on_cuda = find_fits(gpt2, dataclasses.replace(own, device=Device.CUDA), A10.capacity_bytes,
+                        FitTarget(SEQ, batch_size=2), A10)
     assert on_cuda.left_out == ()
     cuda_lora = [o for o in on_cuda.options if o.scenario.finetune.uses_adapters]
     assert {o.scenario.finetune.method for o in cuda_lora} == {Method.LORA, Method.QLORA}
-    assert all(o.peak_bytes == estimate(shape, o.scenario).peak_bytes for o in cuda_lora)
+    assert all(o.peak_bytes == estimate(gpt2, o.scenario).peak_bytes for o in cuda_lora)
 
 
 def test_lora_over_a_bf16_base_is_a_swap_because_peft_keeps_the_adapters_fp32():
@@ -492,8 +494,9 @@ def test_lora_over_a_bf16_base_is_a_swap_because_peft_keeps_the_adapters_fp32():
     frozen = {p.dtype for p in peft_model.parameters() if not p.requires_grad}
     assert trained == {torch.float32} and frozen == {torch.bfloat16}
 
-    shape = model_shape_for_config(config_dict, own.task, own.num_labels, name)
-    result = find_fits(shape, own, GIB, FitTarget(SEQ, batch_size=2), A10, with_max_seq_len=False)
+    # Planned on GPT-2, whose CUDA tables ship (the tiny config's CUDA classes probe for minutes).
+    shape = load_model_shape("gpt2", own.task)
+    result = find_fits(shape, own, A10.capacity_bytes, FitTarget(SEQ, batch_size=2), A10, with_max_seq_len=False)
     over_bf16 = [o for o in result.options
                  if o.scenario.finetune.method is Method.LORA and o.scenario.precision is Precision.BF16]
     assert over_bf16 and not result.allow_risky
@@ -506,5 +509,6 @@ def test_lora_over_a_bf16_base_is_a_swap_because_peft_keeps_the_adapters_fp32():
     assert not any(o.scenario.precision is Precision.BF16 for o in result.options
                    if not o.scenario.finetune.uses_adapters)
     # On a GPU without bf16 (a T4) LoRA stays in the user's precision.
-    t4 = find_fits(shape, own, GIB, FitTarget(SEQ, batch_size=2), GPUS["t4"], with_max_seq_len=False)
+    t4 = find_fits(shape, own, GPUS["t4"].capacity_bytes, FitTarget(SEQ, batch_size=2), GPUS["t4"],
+                   with_max_seq_len=False)
     assert {o.scenario.precision for o in t4.options if o.scenario.finetune.uses_adapters} == {Precision.FP32}
