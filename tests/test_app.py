@@ -34,8 +34,8 @@ from views.inputs import DEFAULTS, GPU_PRESET_KEYS, GPU_PRESETS
 APP = Path(__file__).resolve().parents[1] / "app.py"
 TIMEOUT_S = 60  # the first run imports transformers and builds a shape on the meta device
 # A run that meets a technique class nobody has probed yet (a new label count, an upload) probes
-# it, on CUDA as on CPU: the Plan page's chart shows about 8 classes, 5-10 s each on a loaded
-# 2-core machine with a cold cache (planner.probe.cache).
+# it, on CUDA as on CPU (5-10 s per class on a loaded 2-core machine with a cold cache,
+# planner.probe.cache); "Probe and draw the rest" probes up to 8 of the chart's classes.
 PROBING_TIMEOUT_S = 240
 SCENARIO_KEYS = ("task", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
                  "grad_accum", "attn", "device", "num_labels")
