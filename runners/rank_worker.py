@@ -93,7 +93,14 @@ def _ddp_bucket_bytes(wrapped) -> list[int] | None:
 
 def _stage_fault(fault: str | None, rank: int, stage: str) -> None:
     """Tests only: rank 1 fails the way a real rank can, so the launcher's handling is real."""
-    if fault is None or rank != 1:
+    if fault is None:
+        return
+    if stage == "step 2" and fault in ("sigkill-self", "hang", "raise"):
+        # Every rank meets here after rank 0 has reported step 2, so the launcher's last progress
+        # is the step the fault fires in: otherwise rank 1 could die before rank 0's line was
+        # written (seen under load: "at step 1 of 4" for a rank killed in step 2).
+        torch.distributed.barrier()
+    if rank != 1:
         return
     if fault == "import-error" and stage == "start":
         raise SystemExit(3)  # dies before joining: the others cannot form the group
@@ -149,9 +156,9 @@ def run_rank(job: dict) -> dict:
         if step > 1:
             per_step.append(counter.tally.minus(step_start))
             step_start = counter.tally.copy()
-        _stage_fault(request.inject_fault, rank, f"step {step}")
         _emit(rank, {"stage": "step", "step": step, "steps": steps,
                      "message": f"step {step} of {steps}" + (" (measured)" if step == steps else "")})
+        _stage_fault(request.inject_fault, rank, f"step {step}")
 
     probe = CudaProbe() if cuda else MemTrackerProbe()
     started = time.perf_counter()

@@ -81,6 +81,27 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "extended: a longer variant run by benchmarks/extended_tests.py")
 
 
+# The longest scopes (a module, or a class of test_probe_random.py), longest first: xdist's
+# loadscope hands scopes out in collection order and never moves one a worker was given, so a
+# long scope collected late ran alone at the end (measured 2026-12-04, a fresh machine's cold
+# probe cache, `bash scripts/test.sh`: the four random-scenario parts, 230 s in all, came last and
+# one worker idled 117 s of a 14-minute run). Sorting only changes the order, never what runs.
+LONGEST_SCOPES_FIRST = (
+    "tests/test_fit.py", "tests/test_probe.py", "tests/test_app_finetune.py", "tests/test_seq2seq.py",
+    "tests/test_probe_random.py::TestRandomScenariosPart1", "tests/test_probe_random.py::TestRandomScenariosPart2",
+    "tests/test_probe_random.py::TestRandomScenariosPart3", "tests/test_probe_random.py::TestRandomScenariosPart4",
+    "tests/test_app_pages.py", "tests/test_probe_cache.py", "tests/test_app.py", "tests/test_distributed_launch.py",
+    "tests/test_lora.py", "tests/test_probe_more_architectures.py", "tests/test_distributed_comm.py",
+)
+
+
+def _scope_rank(item) -> int:
+    for rank, scope in enumerate(LONGEST_SCOPES_FIRST):
+        if item.nodeid.startswith(scope + "::"):
+            return rank
+    return len(LONGEST_SCOPES_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
     extended = config.getoption("--extended")
     kept = [item for item in items if (item.get_closest_marker("extended") is not None) == extended]
@@ -88,4 +109,4 @@ def pytest_collection_modifyitems(config, items):
     dropped = [item for item in items if id(item) not in kept_ids]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    items[:] = sorted(kept, key=_scope_rank)  # stable: the rest keep their order
