@@ -446,15 +446,9 @@ def test_nothing_fits_lists_the_nearest_plans_and_their_misses(gpt2, capsys):
     assert [r["over_bytes"] for r in rows] == misses and not any(r["fits"] for r in rows)
 
 
-def test_lora_plans_beside_full_ones_where_the_estimate_plans_them():
-    """Device cpu: LoRA and QLoRA plans (PEFT's default r 16, all-linear; nf4 with double
-    quantisation) rank after every full plan (they train other parameters), each peak the
-    estimate's. Device cuda: LoRA and QLoRA likewise (probed with CUDA's kernels), planned on
-    GPT-2, whose CUDA tables ship (a tiny config's CUDA classes took 100 s to probe)."""
-    name = "tiny-gpt2"
-    own = base(seq_len=SEQ, device="cpu", batch_size=2)
-    shape = model_shape_for_config(tiny_config(name), own.task, own.num_labels, name)
-    result = find_fits(shape, own, GIB, FitTarget(SEQ, batch_size=2), A10, with_max_seq_len=False)
+def _lora_ranks_beside_full(shape, result) -> None:
+    """LoRA and QLoRA plans (PEFT's default r 16, all-linear; nf4 with double quantisation)
+    rank after every full plan (they train other parameters), each peak the estimate's."""
     lora = [o for o in result.options if o.scenario.finetune.uses_adapters]
     full = [o for o in result.options if not o.scenario.finetune.uses_adapters]
     assert lora and full and result.options == (*full, *lora)
@@ -464,14 +458,25 @@ def test_lora_plans_beside_full_ones_where_the_estimate_plans_them():
         assert option.changes[0].text == f"fine-tuning full -> {method} r16" and option.changes[0].cost is Cost.METHOD
         assert option.peak_bytes == estimate(shape, option.scenario).peak_bytes
     assert result.left_out == ()
-    # Device cuda: LoRA and QLoRA are probed with CUDA's kernels (tests/test_lora.py, tests/test_qlora.py).
+
+
+def test_lora_plans_beside_full_ones_where_the_estimate_plans_them():
+    """On CUDA, probed with CUDA's kernels (tests/test_lora.py, tests/test_qlora.py), planned on
+    GPT-2, whose CUDA tables ship (a tiny config's CUDA classes took 100 s to probe)."""
+    own = base(seq_len=SEQ, device="cuda", batch_size=2)
     gpt2 = load_model_shape("gpt2", Task.CAUSAL_LM)
-    on_cuda = find_fits(gpt2, dataclasses.replace(own, device=Device.CUDA), A10.capacity_bytes,
-                        FitTarget(SEQ, batch_size=2), A10)
-    assert on_cuda.left_out == ()
-    cuda_lora = [o for o in on_cuda.options if o.scenario.finetune.uses_adapters]
-    assert {o.scenario.finetune.method for o in cuda_lora} == {Method.LORA, Method.QLORA}
-    assert all(o.peak_bytes == estimate(gpt2, o.scenario).peak_bytes for o in cuda_lora)
+    _lora_ranks_beside_full(gpt2, find_fits(gpt2, own, A10.capacity_bytes, FitTarget(SEQ, batch_size=2), A10))
+
+
+@pytest.mark.extended
+def test_lora_plans_beside_full_ones_on_the_cpu():
+    """The same ranking with CPU kernels (the search does not depend on the device): a tiny
+    config's 16 CPU LoRA and QLoRA classes, about 45 s to probe on a fresh machine."""
+    name = "tiny-gpt2"
+    own = base(seq_len=SEQ, device="cpu", batch_size=2)
+    shape = model_shape_for_config(tiny_config(name), own.task, own.num_labels, name)
+    _lora_ranks_beside_full(shape, find_fits(shape, own, GIB, FitTarget(SEQ, batch_size=2), A10,
+                                             with_max_seq_len=False))
 
 
 def test_lora_over_a_bf16_base_is_a_swap_because_peft_keeps_the_adapters_fp32():
