@@ -10,7 +10,6 @@ import streamlit as st
 from app_pages.page_context import cached_for_model, cached_for_scenario, probe_status, start_page
 from planner.device_fit import reserved_check
 from planner.fit import fit_limits
-from planner.probe.cache import NotProbedYet, stored_only
 from planner.units import format_bytes
 from planner.verdict import tensor_budget_bytes
 from views.breakdown import breakdown_table, verdict_for, verdict_table, with_byte_separators
@@ -27,24 +26,33 @@ from views.figures import memory_vs_batch_figure, phase_breakdown_figure
 from views.inputs import preset_gpu, total_capacity_bytes
 
 
+class _Incomplete(Exception):
+    """memory_vs_batch_known's answer where some lines still need a probe: not cached."""
+
+    def __init__(self, known):
+        super().__init__()
+        self.known = known
+
+
 def _batch_series(context, sizes: list[int]):
     """(technique label -> points, the techniques left out because their step is not probed yet).
     The lines follow from the model, the scenario's sequence and task and the sizes, not from the
-    sidebar's batch, optimizer or precision: those only move the star (cached per model). A
-    model whose tables are not all known (an upload) draws what is known and probes nothing:
-    the rest of the page is its answer, and probing every technique took 45 s on 2 cores."""
-    shape, key = context.shape, (chart_base(context.base_values), tuple(sizes))
+    sidebar's batch, optimizer or precision: those only move the star (cached per model once every
+    line is known). A model whose tables are not all known (an upload) draws what is known and
+    probes nothing: the rest of the page is its answer, and probing every technique took 45 s on
+    2 cores."""
+    shape, base = context.shape, context.base_values
+
+    def every_line_known():
+        series, unprobed = memory_vs_batch_known(shape, base, sizes)
+        if unprobed:
+            raise _Incomplete((series, unprobed))  # Streamlit caches no raised result
+        return series
+
     try:
-        return cached_for_model(context, "plan batch series", lambda: _every_line_known(shape, context.base_values, sizes),
-                                *key), ()
-    except NotProbedYet:  # not cached: the next run draws what a probe since has added
-        return memory_vs_batch_known(shape, context.base_values, sizes)
-
-
-def _every_line_known(shape, base, sizes: list[int]):
-    """memory_vs_batch, or NotProbedYet where a line would probe first (nothing is cached then)."""
-    with stored_only():
-        return memory_vs_batch(shape, base, sizes)
+        return cached_for_model(context, "plan batch series", every_line_known, chart_base(base), tuple(sizes)), ()
+    except _Incomplete as incomplete:  # the next run draws what a probe since has added
+        return incomplete.known
 
 
 def render() -> None:
@@ -155,7 +163,7 @@ def render() -> None:
                 "training step probed once per technique on fake tensors (seconds each on 2 cores); the probes "
                 "are kept for next time.", icon=":material/hourglass_empty:")
         if st.button("Probe and draw the rest", key="probe_chart_techniques"):
-            with probe_status(shape.name):
+            with probe_status(shape.name):  # probes and stores them: the rerun draws every line
                 memory_vs_batch(shape, context.base_values, sizes, [technique for technique, _ in unprobed])
             st.rerun()
     one_device = (" on one GPU holding a full replica (the sidebar's strategy is not applied here)"

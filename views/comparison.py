@@ -393,7 +393,7 @@ def memory_vs_batch_known(shape: ModelShape, base: Mapping[str, object], batch_s
 
 def unprobed_text(unprobed: Iterable[tuple[Technique, tuple[int, ...]]]) -> str:
     """What memory_vs_batch_known left out, in words: whole techniques, then lines drawn from batch 2."""
-    whole = [technique.label for technique, missing in unprobed if len(missing) > 1 or missing != (1,)]
+    whole = [technique.label for technique, missing in unprobed if missing != (1,)]
     batch_one = [technique.label for technique, missing in unprobed if missing == (1,)]
     parts = ([", ".join(whole)] if whole else []) + ([f"batch 1 of {', '.join(batch_one)}"] if batch_one else [])
     return "; ".join(parts)
