@@ -22,7 +22,9 @@ What it runs, in order (the GPU run):
 2. SCENARIOS, each in a child process (runners.verify, mode cuda, 3 steps, the last one
    measured) and recorded in the dashboard's run history (runners.history.RunHistory:
    $PLANNER_DATA_DIR or ./data, so the Verify page shows them). Each scenario also gets
-   the planner's estimate for the detected GPU (`planner.cli.result_json` with `gpu`).
+   the planner's estimate for the detected GPU (`planner.cli.result_json` with `gpu`),
+   computed beside the runs in one process of its own with the GPU hidden from it
+   (ParallelPlanner).
    No scenario starts once START_LIMIT_S have passed; the ones left are recorded as
    "skipped" with that reason.
 3. benchmarks/allocator_gpu_check.py and scripts/check_fake_cuda_on_gpu.py --steps, each
@@ -35,8 +37,9 @@ and model build are most of a run; 9.7 s in the child for distilbert 8 x 128 wit
 steps on 2 CPU cores, the steps themselves under a second on a GPU): about 10 s for
 the ~100M models (distilbert, gpt2, pythia-160m, opt-125m), 15 s for smollm2-360m and
 qwen2.5-0.5b, 25-30 s for llama-3.2-1b (its random initialisation on the CPU), a few
-seconds more for the Trainer; the planner's estimate in this process, 1-5 s each from
-the shipped probe tables. 14 scenarios: about 3-4 minutes; the probe 10 s; the two
+seconds more for the Trainer; the planner's estimates beside them (71 s for all of
+SCENARIOS on 2 cores with no shipped table, as on a machine whose torch is not the pinned
+one). 16 scenarios: about 3-4 minutes; the probe 10 s; the two
 sub-checks about 20-40 s each. The guards keep the total under 8 minutes whatever
 happens: no scenario starts after 5 min 30 s, none runs past 7 min, each sub-check gets
 at most 60 s and none starts after 7 min 40 s.
@@ -380,8 +383,82 @@ def _workspace_bytes(probe: dict) -> int | None:
     return sum(parts) + (probe.get("workspace_lt_main_thread_bytes") or 0)
 
 
-def measure_scenario(spec: dict, *, mode: str, gpu: str | None, probe: dict, history, timeout_s: float) -> dict:
-    """Run one scenario in a child (runners.verify, recorded in `history`) and build its record."""
+# --- the planner's estimates, beside the runs -----------------------------------------------
+# The estimates are computed in one process of their own, started before the first run:
+# on a machine whose torch is not the pinned one (a lent GPU's image) every technique class
+# is probed afresh (about 70 s for SCENARIOS on 2 cores), and beside the runs that costs no
+# device time. The GPU is hidden from it, so it never holds a CUDA context on the GPU whose
+# context and memory the runs measure; the planner needs none (fake tensors, CUDA kernels
+# chosen by planner.probe.fake_cuda).
+PLANNER_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "4"}
+PLAN_POLL_S = 0.5
+
+
+def write_json_atomically(data, path: Path) -> None:
+    temporary = path.with_suffix(f".{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(data, allow_nan=False))
+    temporary.replace(path)
+
+
+def plan_into(specs: list[dict], device: str, gpu: str | None, path: Path) -> None:
+    """Each scenario's planner record, in order, into `path` ({id: record}), rewritten after
+    each one (what the parallel planner process does)."""
+    plans: dict = {}
+    for spec in specs:
+        plans[spec["id"]] = planner_record(spec, device, gpu)
+        write_json_atomically(plans, path)
+        print(f"[planned] {spec['id']} ({plans[spec['id']].get('wall_s', 'n/a')} s)", flush=True)
+
+
+class ParallelPlanner:
+    """The planner process (`gpu_check.py --plans-into`), and each record as it arrives."""
+
+    def __init__(self, specs: list[dict], device: str, gpu: str | None, folder: Path):
+        self.path, self.log_path = folder / "plans.json", folder / "planner.log"
+        command = [sys.executable, str(Path(__file__).resolve()), "--plans-into", str(self.path),
+                   "--plan-device", device, "--only", ",".join(s["id"] for s in specs)]
+        if gpu is not None:
+            command += ["--plan-gpu", gpu]
+        self.log = self.log_path.open("w")
+        self.proc = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     env={**os.environ, **PLANNER_ENV}, start_new_session=True)
+
+    def _plans(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def record(self, spec_id: str, deadline_s: float, clock: Callable[[], float] = time.monotonic) -> dict:
+        """`spec_id`'s record once written; an error record if the process ends without it or
+        `deadline_s` (on `clock`) passes first."""
+        while True:
+            ended = self.proc.poll() is not None
+            plans = self._plans()
+            if spec_id in plans:
+                return plans[spec_id]
+            if ended:
+                tail = " ".join(self.log_path.read_text()[-400:].split())
+                return {"error": f"the planner's process ended (exit status {self.proc.returncode}) without this "
+                                 f"scenario's estimate: {tail}"}
+            if clock() > deadline_s:
+                return {"error": "no estimate: the planner's process had not reached this scenario within the "
+                                 "time budget"}
+            time.sleep(PLAN_POLL_S)
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        self.log.close()
+
+
+def measure_scenario(spec: dict, *, mode: str, gpu: str | None, probe: dict, history, timeout_s: float,
+                     plan: Callable[[dict], dict] | None = None) -> dict:
+    """Run one scenario in a child (runners.verify, recorded in `history`) and build its record;
+    its estimate from `plan(spec)` (default: planner_record in this process)."""
     from planner.config_source import resolve_config
     from runners.request import Engine, Mode, VerifyRequest
     from runners.verify import verify
@@ -395,7 +472,8 @@ def measure_scenario(spec: dict, *, mode: str, gpu: str | None, probe: dict, his
         result = verify(request, timeout_s=timeout_s, history=history)
     except Exception as error:  # bad input or a history fault: this scenario fails, the check goes on
         result = {"status": "failed", "reason": f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]}
-    return scenario_record(spec, result, planner_record(spec, device, gpu), probe, config.get("model_type"))
+    planned = plan(spec) if plan is not None else planner_record(spec, device, gpu)
+    return scenario_record(spec, result, planned, probe, config.get("model_type"))
 
 
 BITSANDBYTES_OPTIMIZERS = ("adam8bit", "adamw8bit", "paged-adamw8bit")
@@ -637,10 +715,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated scenario ids to run (default all)")
     parser.add_argument("--export", type=Path, help="also copy the results and the run history (runs.sqlite3) "
                                                     "here at the end, e.g. a lent machine's $OUT")
+    parser.add_argument("--plans-into", type=Path, help=argparse.SUPPRESS)  # the parallel planner process
+    parser.add_argument("--plan-device", choices=("cpu", "cuda"), help=argparse.SUPPRESS)
+    parser.add_argument("--plan-gpu", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     started = time.monotonic()
     mode = "cpu" if args.dry_run else "cuda"
     specs = DRY_SCENARIOS if args.dry_run else SCENARIOS
+    if args.plans_into is not None:
+        specs = DRY_SCENARIOS + SCENARIOS
     if args.only:
         wanted = set(args.only.split(","))
         unknown = wanted - {s["id"] for s in specs}
@@ -648,6 +731,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu_check: unknown scenario id(s) {', '.join(sorted(unknown))}: see SCENARIOS", file=sys.stderr)
             return 2
         specs = [s for s in specs if s["id"] in wanted]
+    if args.plans_into is not None:
+        plan_into(specs, args.plan_device or mode, args.plan_gpu, args.plans_into)
+        return 0
     out_dir = args.out or (Path(tempfile.mkdtemp(prefix="gpu_check_")) if args.dry_run else RESULTS)
 
     print("[probe] the environment", flush=True)
@@ -674,13 +760,20 @@ def main(argv: list[str] | None = None) -> int:
                       elapsed_s=round(time.monotonic() - started, 1))
         write_results(report, out_dir)
 
+    device = "cuda" if mode == "cuda" else "cpu"
+    planner = ParallelPlanner(specs, device, gpu, Path(tempfile.mkdtemp(prefix="gpu_check_plans_")))
+
     def measure(spec: dict, timeout_s: float) -> dict:
         missing = missing_package(spec, probe)
         if missing is not None:
             return skipped_record(spec, missing)
-        return measure_scenario(spec, mode=mode, gpu=gpu, probe=probe, history=history, timeout_s=timeout_s)
+        return measure_scenario(spec, mode=mode, gpu=gpu, probe=probe, history=history, timeout_s=timeout_s,
+                                plan=lambda s: planner.record(s["id"], started + SCENARIO_END_S))
 
-    records = run_scenarios(specs, measure, started=started, on_record=save)
+    try:
+        records = run_scenarios(specs, measure, started=started, on_record=save)
+    finally:
+        planner.stop()
     report["subchecks"] = run_subchecks(out_dir, dry_run=args.dry_run, started=started)
     save(records)
     print((out_dir / "gpu_check.md").read_text())

@@ -238,3 +238,31 @@ def test_an_expandable_scenario_is_planned_with_expandable_segments():
     assert expandable["scenario"]["cuda_alloc_conf"] == gpu_check.EXPANDABLE_ON
     assert planned["reserved_peak_bytes"] == expandable["reserved_peak_bytes"]
     assert planned["reserved_peak_bytes"] != result_json(values, base_dir=gpu_check.ROOT)["reserved_peak_bytes"]
+
+
+def test_the_parallel_planner_hands_each_estimate_over_and_says_when_one_never_comes(tmp_path):
+    """The estimates come from a process of their own (the GPU hidden from it): a scenario's
+    record is the one planner_record gives, and an id it never plans is an error record
+    once that process has ended, not a wait until the time budget runs out."""
+    planner = gpu_check.ParallelPlanner([DRY_ONE], "cpu", "24", tmp_path)
+    try:
+        got = planner.record(DRY_ONE["id"], deadline_s=float("inf"))
+        missing = planner.record("never-planned", deadline_s=float("inf"))
+    finally:
+        planner.stop()
+    here = gpu_check.planner_record(DRY_ONE, "cpu", "24")
+    for key in ("peak_bytes", "allocated_peak_bytes", "optimizer_state_bytes", "fits", "capacity_bytes"):
+        assert got[key] == here[key], key
+    assert missing["error"].startswith("the planner's process ended (exit status 0) without this scenario's estimate")
+    assert gpu_check.PLANNER_ENV["CUDA_VISIBLE_DEVICES"] == ""  # no CUDA context beside the measured runs
+
+
+def test_a_planner_that_falls_behind_the_time_budget_gives_an_error_record(tmp_path):
+    # Asked at once, with the deadline passed: the process is still importing torch (seconds),
+    # so nothing is written yet and the answer is the time budget's error.
+    planner = gpu_check.ParallelPlanner([DRY_ONE], "cpu", "24", tmp_path)
+    try:
+        late = planner.record(DRY_ONE["id"], deadline_s=0.0, clock=lambda: 1.0)
+    finally:
+        planner.stop()
+    assert late["error"].startswith("no estimate: the planner's process had not reached this scenario")
