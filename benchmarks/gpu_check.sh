@@ -13,12 +13,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python_bin=python3
 [ -x .venv/bin/python ] && python_bin=.venv/bin/python
-# Wheels carried to a machine that cannot install from the network (e.g. bitsandbytes on a
-# lent GPU machine, whose image lacks it): put in .whl/, installed for this run only.
-if compgen -G ".whl/*.whl" >/dev/null; then
-    site="${TMPDIR:-/tmp}/gpu_check_site"
-    "$python_bin" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$site" .whl/*.whl
+# Packages carried to a machine that cannot install from the network (a lent GPU machine:
+# scripts/pack_for_device.sh puts the pinned transformers, bitsandbytes, PEFT and regex in
+# .whl/, as wheels and as xz archives of installed files): unpacked for this run only, into
+# a folder put first on PYTHONPATH (the runs' children inherit it).
+if compgen -G ".whl/*.whl" >/dev/null || compgen -G ".whl/*.tar.xz" >/dev/null; then
+    site="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_site.XXXXXX")"
+    "$python_bin" - "$site" <<'PY'
+import glob, sys, tarfile, zipfile
+site = sys.argv[1]
+for path in sorted(glob.glob(".whl/*.tar.xz")):
+    with tarfile.open(path) as archive:
+        archive.extractall(site, filter="data")
+for path in sorted(glob.glob(".whl/*.whl")):
+    with zipfile.ZipFile(path) as wheel:
+        wheel.extractall(site)
+PY
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 exec "$python_bin" benchmarks/gpu_check.py "$@"
