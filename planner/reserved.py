@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import OrderedDict
 from collections.abc import Hashable
 
 from planner import optimizer_state as counts
@@ -268,10 +269,15 @@ def reserved_peak(shape: ModelShape, scenario: Scenario, table: ProbeTable, *, e
                   capacity_bytes=capacity_bytes)
 
 
-# Replays by (config, scenario, blocks, capacity): a page or a search asks for the same plan
-# more than once, and a 7B step is tens of thousands of events (planner.cuda_allocator).
-_REPLAYS: dict[tuple, ReplayResult | str] = {}
-_REPLAYS_KEPT = 512
+# Replays by (config, scenario, blocks, capacity), the least recently used dropped first: a
+# page or a search asks for the same plan more than once, and a 7B step is tens of thousands
+# of events (planner.cuda_allocator). One fit search replays up to about a thousand plans
+# (`planner fit --config gpt2 --gpu-memory-gib 8 --seq-len 256 --effective-batch 4`: 634), and
+# the report runs the What fits search once per format it writes: with 512 kept and the whole
+# memo cleared when full, the second search replayed everything again. An entry is a dozen
+# integers and its key; 8,192 of them are a few MiB.
+_REPLAYS: OrderedDict[tuple, ReplayResult | str] = OrderedDict()
+_REPLAYS_KEPT = 8192
 
 # Micro-batches replayed per step. Every micro-batch after the first runs the same events
 # with gradients alive (planner.probe.trace), and the third is the first to follow one that
@@ -307,6 +313,7 @@ def replayed_step(shape: ModelShape, result, allocator_blocks: tuple[int, ...],
     key = (config_digest(shape), shape.name, scenario, allocator_blocks, capacity_bytes)
     found = _REPLAYS.get(key)
     if found is not None:
+        _REPLAYS.move_to_end(key)
         return found
     table = probe_table(shape, scenario)
     if isinstance(table, str) or table.trace is None:
@@ -319,7 +326,7 @@ def replayed_step(shape: ModelShape, result, allocator_blocks: tuple[int, ...],
                                   expandable_segments=scenario.cuda_segments is CudaSegments.EXPANDABLE)
         except TraceError as error:
             found = f"the step's trace cannot be replayed ({error})"
-    if len(_REPLAYS) >= _REPLAYS_KEPT:
-        _REPLAYS.clear()
     _REPLAYS[key] = found
+    if len(_REPLAYS) > _REPLAYS_KEPT:
+        _REPLAYS.popitem(last=False)
     return found

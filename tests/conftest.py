@@ -81,17 +81,23 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "extended: a longer variant run by benchmarks/extended_tests.py")
 
 
-# The longest scopes (a module, or a class of test_probe_random.py), longest first: xdist's
-# loadscope hands scopes out in collection order and never moves one a worker was given, so a
-# long scope collected late ran alone at the end (measured 2026-12-04, a fresh machine's cold
-# probe cache, `bash scripts/test.sh`: the four random-scenario parts, 230 s in all, came last and
-# one worker idled 117 s of a 14-minute run). Sorting only changes the order, never what runs.
+# The longest scopes (a module, or a class of test_probe_random.py), longest first: with
+# `--no-loadscope-reorder` (scripts/test.sh) xdist's loadscope hands scopes out in collection
+# order and never moves one a worker was given, so a long scope collected late ran alone at the
+# end. Without that flag xdist (3.6+) orders scopes by their number of tests instead, and the
+# four random-scenario parts (one test each, 50-75 s each) came last: measured 2026-12-04 on a
+# fresh HOME (cold probe cache), `bash scripts/test.sh`, one worker idled 112 s of 893. The
+# figures below are seconds per scope in that run. Sorting only changes the order, never what runs.
 LONGEST_SCOPES_FIRST = (
-    "tests/test_fit.py", "tests/test_probe.py", "tests/test_app_finetune.py", "tests/test_seq2seq.py",
+    "tests/test_fit.py",  # 201 s
+    "tests/test_app_finetune.py",  # 132 s
+    "tests/test_probe.py",  # 100 s
     "tests/test_probe_random.py::TestRandomScenariosPart1", "tests/test_probe_random.py::TestRandomScenariosPart2",
     "tests/test_probe_random.py::TestRandomScenariosPart3", "tests/test_probe_random.py::TestRandomScenariosPart4",
-    "tests/test_app_pages.py", "tests/test_probe_cache.py", "tests/test_app.py", "tests/test_distributed_launch.py",
-    "tests/test_lora.py", "tests/test_probe_more_architectures.py", "tests/test_distributed_comm.py",
+    "tests/test_seq2seq.py", "tests/test_probe_cache.py", "tests/test_activation_model.py",  # 54, 53, 48 s
+    "tests/test_app_pages.py", "tests/test_distributed_launch.py", "tests/test_reliability.py",  # 44, 42, 41 s
+    "tests/test_probe_more_architectures.py", "tests/test_lora.py", "tests/test_app.py",  # 41, 41, 39 s
+    "tests/test_qlora.py", "tests/test_encoder_decoder_probe.py", "tests/test_distributed_comm.py",  # 36, 33, 32 s
 )
 
 

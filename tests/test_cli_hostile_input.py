@@ -130,10 +130,20 @@ def test_batch_file_that_is_a_folder_or_a_pipe_says_so(tmp_path, capsys):
         assert code == 2 and f"is {kind}: pass a JSONL file" in err and "does not exist" not in err
 
 
+def _as_a_shell_starts_a_foreground_command() -> None:
+    # Ctrl-C reaches a command a shell runs in the foreground, whatever the shell itself
+    # ignores. A test run started in the background by a non-interactive shell (`bash -c
+    # '... &'`, as a CI runner may) ignores SIGINT, and an ignored signal stays ignored across
+    # exec: Python then installs no KeyboardInterrupt handler and the Ctrl-C below is lost
+    # (seen 2026-12-04: the suite's workers had SIGINT ignored, and this test waited 60 s).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _batch_process(tmp_path, lines: int) -> subprocess.Popen:
     (tmp_path / "many.jsonl").write_text((json.dumps(UNKNOWN_MODEL) + "\n") * lines)
     return subprocess.Popen([sys.executable, "-m", "planner", "batch", str(tmp_path / "many.jsonl")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_as_a_shell_starts_a_foreground_command)
 
 
 def test_a_closed_pipe_and_ctrl_c_end_quietly(tmp_path):
