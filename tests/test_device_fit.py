@@ -246,3 +246,22 @@ def test_foreach_adamws_temporaries_are_replayed_as_torch_allocates_them():
     assert allocated == requests.sizes == [math.prod(p.shape) * 4 for p in shape.params]
     assert sum(allocated) == result.phases[-1].temporaries
     assert [key for key, n in events if n < 0] == [key for key, n in reversed(events) if n >= 0]
+
+
+def test_the_replay_memo_keeps_the_plans_used_last_and_answers_as_a_fresh_replay(gpt2, monkeypatch):
+    """A search and the report's second search ask for the same plans again: the memo drops the
+    least recently used plan first (it was cleared whole when full, so a search of more plans
+    than it kept replayed everything again), and a remembered answer is a fresh replay's."""
+    from planner import reserved
+
+    monkeypatch.setattr(reserved, "_REPLAYS", type(reserved._REPLAYS)())
+    monkeypatch.setattr(reserved, "_REPLAYS_KEPT", 2)
+    plans = {batch: estimate(gpt2, _plan(batch_size=batch, seq_len=256)) for batch in (1, 2, 3)}
+    first = reserved.replayed_step(gpt2, plans[1], ())
+    reserved.replayed_step(gpt2, plans[2], ())
+    assert reserved.replayed_step(gpt2, plans[1], ()) is first  # remembered, and now the most recent
+    reserved.replayed_step(gpt2, plans[3], ())  # over the bound: batch 2, used least recently, goes
+    kept = {key[2].batch_size for key in reserved._REPLAYS}
+    assert kept == {1, 3}
+    reserved._REPLAYS.clear()
+    assert reserved.replayed_step(gpt2, plans[1], ()) == first
