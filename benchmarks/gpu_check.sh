@@ -20,12 +20,17 @@ python_bin=python3
 if compgen -G ".whl/*.whl" >/dev/null || compgen -G ".whl/*.tar.xz" >/dev/null; then
     site="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_site.XXXXXX")"
     "$python_bin" - "$site" <<'PY'
-import glob, sys, tarfile, zipfile
+import glob, re, sys, tarfile, zipfile
 site = sys.argv[1]
+here = f"cp{sys.version_info.major}{sys.version_info.minor}"
 for path in sorted(glob.glob(".whl/*.tar.xz")):
     with tarfile.open(path) as archive:
         archive.extractall(site, filter="data")
 for path in sorted(glob.glob(".whl/*.whl")):
+    built_for = re.search(r"-(cp3\d+)-", path)
+    if built_for and built_for.group(1) != here:  # a compiled wheel for the lent machine's Python
+        print(f"gpu_check: {path} is built for {built_for.group(1)}, not {here}: not used", file=sys.stderr)
+        continue
     with zipfile.ZipFile(path) as wheel:
         wheel.extractall(site)
 PY
