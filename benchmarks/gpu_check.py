@@ -394,19 +394,15 @@ PLANNER_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "4"}
 PLAN_POLL_S = 0.5
 
 
-def write_json_atomically(data, path: Path) -> None:
-    temporary = path.with_suffix(f".{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(data, allow_nan=False))
-    temporary.replace(path)
-
-
 def plan_into(specs: list[dict], device: str, gpu: str | None, path: Path) -> None:
     """Each scenario's planner record, in order, into `path` ({id: record}), rewritten after
     each one (what the parallel planner process does)."""
+    from planner.probe.cache import write_tables  # a JSON file written whole, then renamed
+
     plans: dict = {}
     for spec in specs:
         plans[spec["id"]] = planner_record(spec, device, gpu)
-        write_json_atomically(plans, path)
+        write_tables(plans, path)
         print(f"[planned] {spec['id']} ({plans[spec['id']].get('wall_s', 'n/a')} s)", flush=True)
 
 
