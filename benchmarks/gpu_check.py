@@ -362,15 +362,19 @@ def scenario_record(spec: dict, result: dict, planned: dict, probe: dict, family
             "step_wall_s": measured.get("step_wall_s"),
         },
         "planner": planned,
-        "errors": {
-            "allocated_peak_pct": _error_pct(planned.get("allocated_peak_bytes"), allocated),
-            "live_tensor_peak_pct": _error_pct(planned.get("peak_bytes"), allocated),
-            "reserved_peak_pct": _error_pct(planned.get("reserved_peak_bytes"), reserved),
-            "optimizer_state_pct": _error_pct(planned.get("optimizer_state_bytes"),
-                                              measured.get("optimizer_state_bytes")),
-            "reserved_over_allocated": _ratio(reserved, allocated),
-        },
+        "errors": scenario_errors(planned, allocated, reserved, measured.get("optimizer_state_bytes")),
         "environment": environment,
+    }
+
+
+def scenario_errors(planned: dict, allocated: int | None, reserved: int | None, state: int | None) -> dict:
+    """The estimate's errors against one measurement (percent of the measured figure)."""
+    return {
+        "allocated_peak_pct": _error_pct(planned.get("allocated_peak_bytes"), allocated),
+        "live_tensor_peak_pct": _error_pct(planned.get("peak_bytes"), allocated),
+        "reserved_peak_pct": _error_pct(planned.get("reserved_peak_bytes"), reserved),
+        "optimizer_state_pct": _error_pct(planned.get("optimizer_state_bytes"), state),
+        "reserved_over_allocated": _ratio(reserved, allocated),
     }
 
 
@@ -612,12 +616,17 @@ def render_markdown(report: dict) -> str:
               f"{report['elapsed_s']:.0f} s in all; command: `{report['command']}`."), "",
              ("Allocated: `max_memory_allocated` over the steady-state step (step 3); reserved: "
               "`max_memory_reserved` over the same step; estimate: the planner's allocated peak (live "
-              "tensors + torch's own allocator blocks, the cuBLAS workspaces). Error: (estimate - measured) / "
+              "tensors + torch's own allocator blocks, the cuBLAS workspaces; where the allocator is replayed, "
+              "the replay's) and reserved peak (the replay's). Error: (estimate - measured) / "
               "measured. Context: the CUDA context at the run's start / after it; workspace: the probe's "
-              "cuBLAS workspaces (per GPU)."), "",
-             ("| scenario | family | engine | expandable | status | estimate (B) | measured allocated (B) | error "
-              "| reserved (B) | reserved / allocated | context start / after | workspace | fits (planner) |"),
-             "|---|---|---|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
+              "cuBLAS workspaces (per GPU)."), ""]
+    if report.get("replanned"):
+        again = report["replanned"]
+        lines += [f"Estimates recomputed after the runs: {again['note']}", ""]
+    lines += [("| scenario | family | engine | expandable | status | estimate (B) | measured allocated (B) | error "
+               "| reserved estimate (B) | reserved (B) | error | reserved / allocated | context start / after "
+               "| workspace | fits (planner) |"),
+              "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
     for r in report["scenarios"]:
         m, p, e = r.get("measured") or {}, r.get("planner") or {}, r.get("errors") or {}
         ratio = e.get("reserved_over_allocated")
@@ -625,7 +634,8 @@ def render_markdown(report: dict) -> str:
             f"| {r['id']} ({r['technique']}) | {r.get('family') or 'n/a'} | {r['engine']} | "
             f"{'on' if r['expandable_segments'] else 'off'} | {r['status']} | {_b(p.get('allocated_peak_bytes'))} | "
             f"{_b(m.get('allocated_peak_bytes'))} | {_pct(e.get('allocated_peak_pct'))} | "
-            f"{_b(m.get('reserved_peak_bytes'))} | {'n/a' if ratio is None else f'{ratio:.4f}'} | "
+            f"{_b(p.get('reserved_peak_bytes'))} | {_b(m.get('reserved_peak_bytes'))} | "
+            f"{_pct(e.get('reserved_peak_pct'))} | {'n/a' if ratio is None else f'{ratio:.4f}'} | "
             f"{_mib(m.get('cuda_context_bytes'))} / {_mib(m.get('cuda_context_after_run_bytes'))} | "
             f"{_mib(m.get('cublas_workspace_bytes'))} | {'n/a' if p.get('fits') is None else p['fits']} |")
     failed = [r for r in report["scenarios"] if r["status"] != "ok"]

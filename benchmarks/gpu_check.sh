@@ -36,4 +36,7 @@ for path in sorted(glob.glob(".whl/*.whl")):
 PY
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-exec "$python_bin" benchmarks/gpu_check.py "$@"
+# --script PATH runs another GPU script with the same packages (benchmarks/gpu_memory_snapshot.py).
+script=benchmarks/gpu_check.py
+if [ "${1:-}" = "--script" ]; then script="$2"; shift 2; fi
+exec "$python_bin" "$script" "$@"

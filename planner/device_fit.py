@@ -58,10 +58,12 @@ def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacit
     expandable = single.scenario.cuda_segments is CudaSegments.EXPANDABLE
     if not within.out_of_memory:
         return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=within.peak_reserved_bytes,
-                             expandable_segments=expandable)
+                             expandable_segments=expandable,
+                             replayed_allocated_peak_bytes=within.peak_allocated_bytes)
     unbounded = replayed_step(shape, single, blocks)  # what it would reserve with room to spare
     return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=unbounded.peak_reserved_bytes,
-                         replay_out_of_memory=True, expandable_segments=expandable)
+                         replay_out_of_memory=True, expandable_segments=expandable,
+                         replayed_allocated_peak_bytes=unbounded.peak_allocated_bytes)
 
 
 FitsCheck = Callable[[ModelShape, Scenario, ParallelPlan | None], bool]

@@ -25,12 +25,15 @@ from planner.finetune import Method
 from planner.model_shape import ArchFamily, ModelShape, ParamTensor, compute_parameter_stats
 from planner.optimizer_state import (
     allocation,
+    model_paged_state_bytes,
     optimizer_state_bytes,
+    paged_state_bytes,
     parameter_bytes_per_element,
     parameter_tensor_bytes,
     tensor_state_bytes,
 )
 from planner.optimizer_step import optimizer_step_transient_bytes
+from planner.units import format_bytes
 from planner.scenario import Attention, Checkpointing, Device, Engine, Optimizer, Precision, Scenario, Task
 
 MAX_PEAK_BYTES = 1 << 62  # 4 EiB: a quarter of what a signed 64-bit column holds, so sums stay in range
@@ -83,6 +86,9 @@ class Estimate:
     notes: tuple[str, ...]
     trainable_parameters: int | None = None  # None: every parameter (full fine-tuning)
     frozen_weight_bytes: int = 0  # the frozen base of LoRA / QLoRA
+    # The part of optimizer_state_bytes a paged optimizer keeps in CUDA unified memory, outside
+    # torch's caching allocator: not in the phases (planner.optimizer_state.paged_state_bytes).
+    paged_state_bytes: int = 0
 
     @property
     def peak(self) -> PhaseMemory:
@@ -121,6 +127,7 @@ class Estimate:
             "weights_bytes": self.weights_bytes,
             "gradients_bytes": self.gradients_bytes,
             "optimizer_state_bytes": self.optimizer_state_bytes,
+            "paged_optimizer_state_bytes": self.paged_state_bytes,
             "activations_bytes": self.activations_bytes,
             "temporaries_bytes": peak.temporaries,
             "peak_bytes": peak.total,
@@ -360,6 +367,18 @@ def _adapter_states(shape: ModelShape, scenario: Scenario):
             count)
 
 
+def _paged_out(phases: tuple[PhaseMemory, ...], paged: int, notes: list[str]) -> tuple[PhaseMemory, ...]:
+    """`phases` without the optimizer state a paged optimizer keeps in CUDA unified memory
+    (`paged` bytes), with a note saying where it is."""
+    if not paged:
+        return phases
+    notes.append(f"{format_bytes(paged)} of the optimizer state (paged 8-bit AdamW's state1 and state2 of tensors "
+                 "of 100,000 elements or more) lives in CUDA unified memory, outside torch's caching allocator: it "
+                 "is not in the peak or the allocator's figures; the driver keeps it on the GPU while there is "
+                 "room and pages it to CPU RAM when there is not (slower steps, no out-of-memory error)")
+    return tuple(dataclasses.replace(p, optimizer_state=p.optimizer_state - paged) for p in phases)
+
+
 def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     """LoRA: exact states, and every activation and gradient moment from the probe of the
     PEFT-wrapped model (frozen linears saving their inputs, adapters' dropout and A-path)."""
@@ -379,12 +398,15 @@ def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         label = "QLoRA" if scenario.finetune.method is Method.QLORA else "LoRA"
         raise PlannerInputError(f"{label} cannot be planned for {shape.name}: the probe could not run it ({probed})")
     phases, activations_bytes, on_real_tensors = probed
+    paged = paged_state_bytes(count.trainable, scenario.optimizer, scenario.device, scenario.engine)
+    paged_notes: list[str] = []
+    phases = _paged_out(phases, paged, paged_notes)
     return Estimate(
         model_name=shape.name, architecture=shape.architecture, num_parameters=shape.stats.num_elements,
         scenario=scenario, weights_bytes=weights, gradients_bytes=gradients, optimizer_state_bytes=state,
         activations_bytes=activations_bytes, phases=phases, profile=activation_profile(shape, scenario),
-        confidence=Confidence.PROBED_REAL if on_real_tensors else Confidence.PROBED, notes=notes,
-        trainable_parameters=trainable, frozen_weight_bytes=frozen)
+        confidence=Confidence.PROBED_REAL if on_real_tensors else Confidence.PROBED, notes=notes + tuple(paged_notes),
+        trainable_parameters=trainable, frozen_weight_bytes=frozen, paged_state_bytes=paged)
 
 
 def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
@@ -401,6 +423,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
                + on_device(shape.float_buffer_elements * 4) + on_device(shape.other_buffer_bytes))
     gradients = parameter_tensor_bytes(shape, scenario.precision, scenario.device)
     state = optimizer_state_bytes(shape, scenario.optimizer, scenario.precision, scenario.device, scenario.engine)
+    state_shape = shape  # the tensors the optimizer keeps state for
     profile = activation_profile(shape, scenario)
     block_copies, head_copies = _autocast_weight_copy_bytes(shape, scenario)
     layers = shape.num_layers
@@ -520,6 +543,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
             notes.append(_cuda_probe_note("Full fine-tuning"))
         if trained is not shape:
             # torch's and bitsandbytes' optimizers skip a parameter whose gradient is None.
+            state_shape = trained
             state = optimizer_state_bytes(trained, scenario.optimizer, scenario.precision, scenario.device,
                                           scenario.engine)
             gradients = parameter_tensor_bytes(trained, scenario.precision, scenario.device)
@@ -533,9 +557,9 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         notes.append(f"no activation recipe for model_type {shape.model_type!r}: a generic pre-LayerNorm "
                      "decoder recipe stands in, so activations may be off by tens of percent; measure it with "
                      "`python -m runners verify --mode simulate`")
-    if scenario.optimizer is Optimizer.PAGED_ADAMW8BIT:
-        notes.append("paged 8-bit state lives in CUDA unified memory and can be evicted to CPU RAM; "
-                     "it is counted in full here")
+    paged = model_paged_state_bytes(state_shape, scenario.optimizer, scenario.precision, scenario.device,
+                                    scenario.engine)
+    phases = _paged_out(phases, paged, notes)
     result = Estimate(
         model_name=shape.name,
         architecture=shape.architecture,
@@ -549,6 +573,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         profile=profile,
         confidence=confidence,
         notes=tuple(notes),
+        paged_state_bytes=paged,
     )
     if result.peak.total > MAX_PEAK_BYTES:  # every table and chart holds bytes as 64-bit integers
         raise PlannerInputError(f"this plan needs {result.peak.total:,} bytes at its peak, beyond any machine "

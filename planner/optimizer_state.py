@@ -22,6 +22,13 @@ builds it, takes a step and sums the unique storages):
   When transformers' Trainer builds them (optim="adamw_bnb_8bit" / "paged_adamw_8bit") it
   registers every nn.Embedding weight for 32-bit state (`register_module_override`,
   trainer.py `create_optimizer`): two fp32 states for those tensors.
+  PagedAdamW8bit on CUDA puts state1 and state2 of a tensor of 100,000 elements or more in
+  CUDA unified memory (`Optimizer8bit.get_state_buffer` -> `functional.get_paged`:
+  cudaMallocManaged through `cget_managed_ptr`, wrapped as a CPU torch tensor): they count
+  as state here but live outside torch's caching allocator, unrounded (`paged_state_bytes`);
+  absmax and the quantile maps stay ordinary CUDA tensors. On CPU bnb uses plain buffers.
+  Measured on an H200 (benchmarks/results/gpu_check.md, Qwen2.5-0.5B, Trainer
+  paged_adamw_8bit): max_memory_allocated 1.80 GB below a count with them inside.
 
 On CUDA every allocation is rounded up to the caching allocator's 512-byte block
 (c10/cuda/CUDACachingAllocator.cpp, kMinBlockSize), which matters for the many small
@@ -45,6 +52,10 @@ BNB_MIN_8BIT_SIZE = 4096
 BNB_BLOCK_SIZE = 256
 CUDA_ALLOCATION_BLOCK = 512
 BNB_QMAP_BYTES = 256 * FP32_BYTES  # each of qmap1, qmap2
+# bnb.optim.Optimizer8bit.get_state_buffer: `if not self.is_paged or p.numel() < 1e5` -> an
+# ordinary tensor, else a paged (unified memory) buffer.
+BNB_PAGED_MIN_ELEMENTS = 100_000
+BNB_8BIT_OPTIMIZERS = (Optimizer.ADAM8BIT, Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
 
 
 def parameter_bytes_per_element(precision: Precision) -> int:
@@ -84,6 +95,34 @@ def _per_tensor_state(shape: tuple[int, ...], optimizer: Optimizer, param_bytes:
     raise ValueError(f"no state model for optimizer {optimizer}")
 
 
+def is_paged_buffer(optimizer: Optimizer, device: Device, numel: int) -> bool:
+    """Whether bitsandbytes puts this tensor's state1 and state2 in CUDA unified memory."""
+    return optimizer is Optimizer.PAGED_ADAMW8BIT and device is Device.CUDA and numel >= BNB_PAGED_MIN_ELEMENTS
+
+
+def _bnb_buffer_bytes(numel: int, in_32_bit: bool) -> int:
+    """state1 + state2 of one tensor, exact: fp32 in 32-bit state, else one byte each."""
+    return 2 * numel * (FP32_BYTES if in_32_bit or numel < BNB_MIN_8BIT_SIZE else 1)
+
+
+def paged_state_bytes(tensors: Iterable[tuple[str, tuple[int, ...], int]], optimizer: Optimizer,
+                      device: Device = Device.CPU, engine: Engine = Engine.ACCELERATE,
+                      embedding_names: Collection[str] = ()) -> int:
+    """The part of `tensor_state_bytes` that a paged optimizer keeps in CUDA unified memory,
+    outside torch's caching allocator (module doc); 0 for any other optimizer or on CPU."""
+    fp32_embeddings = trainer_keeps_embeddings_in_32_bit(optimizer, engine)
+    return sum(_bnb_buffer_bytes(math.prod(shape), fp32_embeddings and name in embedding_names)
+               for name, shape, _ in tensors if is_paged_buffer(optimizer, device, math.prod(shape)))
+
+
+def model_paged_state_bytes(shape: ModelShape, optimizer: Optimizer, precision: Precision,
+                            device: Device = Device.CPU, engine: Engine = Engine.ACCELERATE) -> int:
+    """`paged_state_bytes` over every parameter of `shape` (full fine-tuning)."""
+    param_bytes = parameter_bytes_per_element(precision)
+    return paged_state_bytes([(p.name, p.shape, param_bytes) for p in shape.params], optimizer, device, engine,
+                             shape.embedding_param_names)
+
+
 # torch optimizers whose state holds a `step` scalar tensor per parameter, kept on the CPU (not
 # capturable, not fused): beside CPU parameters it is state, beside CUDA ones it is host memory.
 STEP_TENSOR_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.ADAM, Optimizer.ADAFACTOR)
@@ -113,7 +152,12 @@ def tensor_state_bytes(tensors: Iterable[tuple[str, tuple[int, ...], int]], opti
     tensors = list(tensors)
     total = 0
     for name, shape, param_bytes in tensors:
-        if fp32_embeddings and name in embedding_names:
+        numel = math.prod(shape)
+        if is_paged_buffer(optimizer, device, numel):  # unified memory: not in 512-byte blocks
+            in_32_bit = fp32_embeddings and name in embedding_names
+            absmax = 0 if in_32_bit else 2 * on_device(-(-numel // BNB_BLOCK_SIZE) * FP32_BYTES)
+            total += _bnb_buffer_bytes(numel, in_32_bit) + absmax
+        elif fp32_embeddings and name in embedding_names:
             total += 2 * on_device(math.prod(shape) * FP32_BYTES)  # bnb 32-bit Adam: two fp32 states
         else:
             total += _per_tensor_state(shape, optimizer, param_bytes, on_device)

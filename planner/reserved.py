@@ -10,7 +10,8 @@
   floating ones, one for the rest: ModelShape keeps only their totals), torch's own blocks
   (cuBLAS workspaces). The first step is a step (below) that starts without the previous
   step's outputs and makes the optimizer's state tensors (as planner.optimizer_state counts
-  them: their sum is `optimizer_state_bytes`) in its `optimizer.step()`, before the update:
+  them: their sum is `optimizer_state_bytes`, less a paged optimizer's buffers in unified
+  memory) in its `optimizer.step()`, before the update:
   optimizers create state lazily (torch's `_init_group`, bitsandbytes' `init_state`), when
   backward has freed the activations, so state can take blocks the activations left cached.
 - step: the K micro-batches (planner.probe.trace), the optimizer step's temporaries, then
@@ -67,6 +68,8 @@ def state_tensor_bytes(shape: tuple[int, ...], optimizer: Optimizer, param_bytes
     in the order it creates them (planner.optimizer_state says where each comes from)."""
     numel = math.prod(shape)
     on_device_step = [counts.FP32_BYTES] if device is Device.CPU else []  # CPU-hosted `step`: where the params live
+    if counts.is_paged_buffer(optimizer, device, numel):  # state1, state2 in unified memory: not the allocator's
+        return [] if fp32_embedding else [-(-numel // counts.BNB_BLOCK_SIZE) * counts.FP32_BYTES] * 2
     if fp32_embedding:
         return [numel * counts.FP32_BYTES] * 2
     if optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
@@ -127,8 +130,9 @@ def _trained_tensors(shape: ModelShape, scenario: Scenario) -> list[tuple[tuple[
 
 
 def state_events(shape: ModelShape, scenario: Scenario) -> list[Event]:
-    """The optimizer's state tensors, per trained parameter tensor in order (as
-    planner.optimizer_state counts them: their sum is `optimizer_state_bytes`), then
+    """The optimizer's state tensors in torch's caching allocator, per trained parameter
+    tensor in order (as planner.optimizer_state counts them: their sum is
+    `optimizer_state_bytes` less a paged optimizer's unified-memory buffers), then
     bitsandbytes' quantile maps. A real run makes them in its first `optimizer.step()`
     (torch's `_init_group`, bitsandbytes' `init_state`), after that step's backward has freed
     the activations. With LoRA or QLoRA, the adapters' (and trained heads') only."""
@@ -136,7 +140,8 @@ def state_events(shape: ModelShape, scenario: Scenario) -> list[Event]:
     quantised = False
     for i, (dims, element, in_32_bit) in enumerate(_trained_tensors(shape, scenario)):
         sizes = state_tensor_bytes(dims, scenario.optimizer, element, scenario.device, in_32_bit)
-        quantised |= len(sizes) == 4
+        quantised |= (scenario.optimizer in counts.BNB_8BIT_OPTIMIZERS and not in_32_bit
+                      and math.prod(dims) >= counts.BNB_MIN_8BIT_SIZE)
         events += [(("state", i, n), nbytes) for n, nbytes in enumerate(sizes)]
     if quantised:  # bitsandbytes' two quantile maps, shared by every 8-bit tensor
         events += [(("state", "qmap1"), counts.BNB_QMAP_BYTES), (("state", "qmap2"), counts.BNB_QMAP_BYTES)]

@@ -95,7 +95,8 @@ def test_a_cuda_result_becomes_a_record_with_its_estimate_and_errors():
     spec = gpu_check.SCENARIOS[5]  # gpt2, fused AdamW, bf16 autocast
     planned = gpu_check.planner_record(spec, "cuda", "h100")
     assert planned["gpu"] == "h100" and planned["capacity_bytes"] == 81559 * 2**20
-    assert planned["allocated_peak_bytes"] == planned["peak_bytes"] + planned["allocator_overhead_bytes"]
+    # Replayed: the live tensors and torch's blocks, in the blocks the allocator hands out.
+    assert planned["allocated_peak_bytes"] >= planned["peak_bytes"] + planned["allocator_overhead_bytes"]
     measured_peak = planned["allocated_peak_bytes"] * 100 // 101  # the planner 1% over
     record = gpu_check.scenario_record(spec, cuda_result(measured_peak, measured_peak * 11 // 10, "x"), planned,
                                        PROBE, "gpt2")

@@ -4,13 +4,16 @@ Each case builds the real model from a tiny config, the real optimizer, takes a 
 and sums the unique storages in `optimizer.state` (planner.optimizer_size).
 """
 
+import math
+
 import pytest
 
 from conftest import tiny_config
+from planner.catalog import catalog_config
 from planner.loading import model_shape_for_config
 from planner.optimizer_size import optimizer_state_storage
-from planner.optimizer_state import optimizer_state_bytes
-from planner.scenario import Optimizer, Precision, scenario_from_values
+from planner.optimizer_state import model_paged_state_bytes, optimizer_state_bytes
+from planner.scenario import Device, Engine, Optimizer, Precision, scenario_from_values
 from runners.model_factory import build_model, synthetic_batch
 from runners.optimizers import build_optimizer
 
@@ -71,3 +74,36 @@ def test_cuda_figures_round_allocations_and_leave_step_on_host():
     assert on_cuda == 2 * blocks
     fused = optimizer_state_bytes(shape, Optimizer.ADAMW_FUSED, Precision.FP32, Device.CUDA)
     assert fused == on_cuda + 512 * len(shape.params)  # fused keeps `step` on the device
+
+
+@pytest.mark.parametrize("engine", [Engine.ACCELERATE, Engine.TRAINER])
+def test_paged_buffers_are_the_ones_bitsandbytes_pages(monkeypatch, engine):
+    """bitsandbytes itself decides which state buffers go to unified memory
+    (`Optimizer8bit.get_state_buffer`): asked for every parameter of GPT-2 (meta tensors: not
+    on the CPU, where it never pages), with `functional.get_paged` recording what it is asked
+    for, its paged bytes equal `model_paged_state_bytes` on CUDA, and nothing is paged on CPU."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as F
+    import torch
+
+    paged = []
+
+    def record_paged(*shape, dtype=torch.float32, device=None):
+        paged.append(math.prod(shape) * dtype.itemsize)
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    monkeypatch.setattr(F, "get_paged", record_paged)
+    monkeypatch.setattr(F, "fill", lambda tensor, value: None)
+    scenario = scenario_from_values(task="causal-lm", batch_size=1, seq_len=8)
+    shape = model_shape_for_config(catalog_config("gpt2"), scenario.task, 2, "gpt2")
+    fp32_embeddings = engine is Engine.TRAINER  # Trainer's register_module_override (module doc)
+    params = [torch.nn.Parameter(torch.empty(p.shape, device="meta")) for p in shape.params]
+    optimizer = bnb.optim.PagedAdamW8bit(params, lr=1e-3)
+    for p, tensor in zip(params, shape.params):
+        in_32_bit = p.numel() < 4096 or (fp32_embeddings and tensor.name in shape.embedding_param_names)
+        for _ in ("state1", "state2"):
+            optimizer.get_state_buffer(p, dtype=torch.float32 if in_32_bit else torch.uint8)
+    assert paged and sum(paged) == model_paged_state_bytes(shape, Optimizer.PAGED_ADAMW8BIT, Precision.FP32,
+                                                           Device.CUDA, engine)
+    assert model_paged_state_bytes(shape, Optimizer.PAGED_ADAMW8BIT, Precision.FP32, Device.CPU, engine) == 0
+    assert model_paged_state_bytes(shape, Optimizer.ADAMW8BIT, Precision.FP32, Device.CUDA, engine) == 0

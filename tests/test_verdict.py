@@ -113,7 +113,8 @@ def test_cli_json_carries_the_verdict_keys():
     assert with_gpu["required_bytes"] == with_gpu["reserved_peak_bytes"]
     lora = run("--gpu", "h100", "--finetune", "lora")  # replayed on the wrapped model's tensors
     assert lora["reserved_peak_bytes"] >= lora["allocated_peak_bytes"] and "caveat" not in lora
-    assert with_gpu["allocated_peak_bytes"] == with_gpu["peak_bytes"] + 2 * 32 * MIB  # Hopper: 32 MiB each
+    # Replayed: the live tensors and the workspaces (Hopper: 32 MiB each) in the allocator's blocks.
+    assert with_gpu["allocated_peak_bytes"] >= with_gpu["peak_bytes"] + 2 * 32 * MIB
     without = run()
     assert without["usable_capacity_bytes"] is None and without["cuda_overhead_bytes"] == CONTEXT
     on_cpu = run("--device", "cpu", "--gpu", "24")
