@@ -20,9 +20,9 @@ both create their process groups through Accelerate). What does: the GPU (its co
 capability, for the cuBLAS workspace; its model, for the driver's reservation), the
 number of ranks and the strategy (NCCL communicators).
 
-No figure here has been measured on a GPU by this project: every item is DOCUMENTED
-(documentation, source code, or a published report); MEASURED is reserved for figures a
-run of benchmarks/gpu_check.sh records. docs/cuda_overheads.md tables every item.
+Items are DOCUMENTED (documentation, source code, or a published report) except where
+benchmarks/gpu_check.sh has measured them on that GPU: MEASURED, the H200's context and
+driver reservation (2026-12-04). docs/cuda_overheads.md tables every item.
 
 Known limitations:
 - The CUDA context grows as lazy loading (CUDA_MODULE_LOADING=LAZY, torch's default since
@@ -161,8 +161,27 @@ CONTEXT_SOURCE = "https://github.com/LMCache/LMCache/issues/4019"
 
 CONTEXT_READINGS_BY_GPU = {"rtx3090": "256 MiB idle on this GPU (invoke-ai/InvokeAI#9413)"}
 
+# Measured by this project (benchmarks/gpu_check.sh; benchmarks/results/gpu_check.json): the
+# context as torch.cuda.mem_get_info's total less its free less memory_reserved(), at a run's
+# start and after its three training steps. On an H200 (driver 580.159.04, torch
+# 2.11.0+cu130, CUDA 13.0, 2026-12-04): 552,402,944 B at every start, at most 804,061,184 B
+# after the 15 runs that hold no unified memory (the paged 8-bit AdamW run read 2.68 GB, its
+# paged state counted in). The figure is the largest after a step: lazy loading has brought
+# in the step's kernels by then.
+MEASURED_CONTEXT_BY_GPU: dict[str, tuple[int, int, str]] = {
+    "h200": (804_061_184, 552_402_944, "H200, driver 580.159.04, torch 2.11.0+cu130: 552,402,944 B at a run's "
+                                       "start, at most 804,061,184 B after three training steps (15 runs)"),
+}
+MEASURED_SOURCE = "benchmarks/results/gpu_check.json"
+
 
 def _context_item(gpu: GpuSpec | None = None) -> OverheadItem:
+    if gpu is not None and gpu.key in MEASURED_CONTEXT_BY_GPU:
+        after_steps, at_start, reading = MEASURED_CONTEXT_BY_GPU[gpu.key]
+        return OverheadItem("CUDA context (lazy module loading)", after_steps, MEASURED_SOURCE,
+                            OverheadKind.MEASURED, low_bytes=at_start, high_bytes=after_steps,
+                            note=f"measured by benchmarks/gpu_check.sh on this GPU ({reading}); the figure is "
+                                 "the context after the steps, their kernels loaded")
     named = CONTEXT_READINGS_BY_GPU.get(gpu.key) if gpu is not None else None
     this_gpu = (f"one report names this GPU, {named}, but" if named is not None
                 else "no report names this GPU, and")
@@ -199,7 +218,21 @@ DRIVER_RESERVED_BYTES: dict[str, tuple[int, int, int]] = {
 DRIVER_RESERVED_SOURCE = "https://github.com/vllm-project/vllm/pull/12126"
 
 
+# Measured by this project: nvidia-smi's memory.total less torch.cuda.mem_get_info's total
+# (benchmarks/results/gpu_check.json: `total_bytes` of the probe against planner.gpus'
+# capacity, which is nvidia-smi's figure). H200: 143,771 MiB less 150,109,880,320 B.
+MEASURED_DRIVER_RESERVED_BYTES: dict[str, tuple[int, str]] = {
+    "h200": (143771 * MIB - 150_109_880_320, "H200, driver 580.159.04: nvidia-smi memory.total 143,771 MiB, "
+                                            "cudaMemGetInfo total 150,109,880,320 B"),
+}
+
+
 def _driver_item(gpu: GpuSpec | None) -> OverheadItem | None:
+    if gpu is not None and gpu.key in MEASURED_DRIVER_RESERVED_BYTES:
+        figure, reading = MEASURED_DRIVER_RESERVED_BYTES[gpu.key]
+        return OverheadItem(
+            "Driver and firmware reservation (nvidia-smi total less the CUDA runtime's total)", figure,
+            MEASURED_SOURCE, OverheadKind.MEASURED, note=f"measured by benchmarks/gpu_check.sh ({reading})")
     if gpu is None or gpu.key not in DRIVER_RESERVED_BYTES:
         return None  # no published figure: not itemised
     figure, low, high = DRIVER_RESERVED_BYTES[gpu.key]

@@ -94,7 +94,8 @@ LONGEST_SCOPES_FIRST = (
     "tests/test_probe.py",  # 100 s
     "tests/test_probe_random.py::TestRandomScenariosPart1", "tests/test_probe_random.py::TestRandomScenariosPart2",
     "tests/test_probe_random.py::TestRandomScenariosPart3", "tests/test_probe_random.py::TestRandomScenariosPart4",
-    "tests/test_seq2seq.py", "tests/test_probe_cache.py", "tests/test_activation_model.py",  # 54, 53, 48 s
+    "tests/test_seq2seq.py", "tests/test_gpu_measured.py", "tests/test_probe_cache.py",  # 54, 53, 53 s
+    "tests/test_activation_model.py",  # 48 s
     "tests/test_app_pages.py", "tests/test_distributed_launch.py", "tests/test_reliability.py",  # 44, 42, 41 s
     "tests/test_probe_more_architectures.py", "tests/test_lora.py", "tests/test_app.py",  # 41, 41, 39 s
     "tests/test_qlora.py", "tests/test_encoder_decoder_probe.py", "tests/test_distributed_comm.py",  # 36, 33, 32 s

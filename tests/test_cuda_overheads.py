@@ -4,7 +4,9 @@ the module's constants), multi-GPU plans add NCCL and one GPU does not, and noth
 the caching allocator is subtracted from the capacity a second time."""
 
 import dataclasses
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +30,14 @@ SOURCE = re.compile(r"^(https?://\S+|[\w.-]+(/[\w.-]+)+)")  # a URL, or a path l
 PLANS = [ParallelPlan()] + [ParallelPlan(n, s) for s in MULTI_DEVICE_STRATEGIES for n in (2, 4)]
 
 
+MEASURED_RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu_check.json"
+MEASURED_GPUS = {"h200"}  # GPUs benchmarks/gpu_check.sh has measured (the committed results)
+
+
+def measured_run() -> dict:
+    return json.loads(MEASURED_RUN.read_text())
+
+
 def all_overheads():
     for gpu in [*GPUS.values(), None]:
         for plan in PLANS:
@@ -35,9 +45,13 @@ def all_overheads():
 
 
 def test_every_item_is_documented_with_a_source():
-    for _, _, o in all_overheads():
+    for gpu, _, o in all_overheads():
         for item in o.items + o.allocator_items:
-            assert item.kind is OverheadKind.DOCUMENTED  # nothing is measured on a GPU here yet
+            if item.kind is OverheadKind.MEASURED:  # only figures the committed GPU check measured
+                assert gpu is not None and gpu.key in MEASURED_GPUS and item.source == "benchmarks/results/gpu_check.json"
+                assert (MEASURED_RUN.parents[2] / item.source).exists()
+            else:
+                assert item.kind is OverheadKind.DOCUMENTED
             assert SOURCE.match(item.source), item.source
             assert item.note and item.name
             assert 0 < item.low_bytes <= item.bytes <= item.high_bytes
@@ -107,8 +121,32 @@ def test_context_is_the_upper_published_reading():
     # LMCache/LMCache#4019: ~616 MiB for a bare context; the lowest reading, 256 MiB on an
     # RTX 3090 (invoke-ai/InvokeAI#9413), bounds the range.
     for key, gpu in GPUS.items():
+        if key in MEASURED_GPUS:
+            continue
         (context,) = [i for i in cuda_overheads(gpu).items if i.name.startswith("CUDA context")]
         assert (context.bytes, context.low_bytes, context.high_bytes) == (616 * MIB, 256 * MIB, 616 * MIB), key
+
+
+def test_a_measured_gpus_context_is_its_largest_after_a_step():
+    """The H200's context, read from the committed GPU check: the largest after a run's steps
+    (runs holding paged optimizer state excluded: their unified memory reads as context),
+    ranging down to the context at a run's start."""
+    run = measured_run()
+    assert run["environment"]["gpu_name"] == "NVIDIA H200" and run["gpu"] == "h200"
+    ok = [r for r in run["scenarios"] if r["status"] == "ok" and r["scenario"].get("optimizer") != "paged-adamw8bit"]
+    after = max(r["measured"]["cuda_context_after_run_bytes"] for r in ok)
+    start = min(r["measured"]["cuda_context_bytes"] for r in ok)
+    (context,) = [i for i in cuda_overheads(GPUS["h200"]).items if i.name.startswith("CUDA context")]
+    assert context.kind is OverheadKind.MEASURED
+    assert (context.bytes, context.low_bytes, context.high_bytes) == (after, start, after)
+    assert context.bytes > 616 * MIB  # a step's kernels loaded: above the published idle readings
+
+
+def test_a_measured_gpus_driver_reservation_is_nvidia_smis_total_less_the_runtimes():
+    run = measured_run()
+    (item,) = [i for i in cuda_overheads(GPUS["h200"]).items if i.name.startswith("Driver")]
+    assert item.kind is OverheadKind.MEASURED
+    assert item.bytes == GPUS["h200"].capacity_bytes - run["probe"]["total_bytes"]
 
 
 def test_h100_driver_reservation_is_the_gap_between_two_readings():
@@ -118,7 +156,7 @@ def test_h100_driver_reservation_is_the_gap_between_two_readings():
     assert item.low_bytes == 81559 * MIB - int(79.225 * GIB)
     assert item.bytes == item.high_bytes == 81559 * MIB - int(79.215 * GIB)
     assert 432 * MIB < item.low_bytes < item.high_bytes < 443 * MIB
-    for key in GPUS.keys() - {"h100"}:  # no published figure: not itemised
+    for key in GPUS.keys() - {"h100"} - MEASURED_GPUS:  # no published or measured figure: not itemised
         assert not [i for i in cuda_overheads(GPUS[key]).items if i.name.startswith("Driver")], key
 
 
