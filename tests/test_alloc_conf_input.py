@@ -80,7 +80,10 @@ def test_expandable_segments_make_a_fragmenting_plan_fit(gpt2):
     capacity = RTX_4090.capacity_bytes
     default = plan_verdict(gpt2, estimate(gpt2, _plan()), capacity, RTX_4090)
     expandable = plan_verdict(gpt2, estimate(gpt2, _plan(cuda_alloc_conf=EXPANDABLE)), capacity, RTX_4090)
-    assert default.allocated_peak_bytes == expandable.allocated_peak_bytes  # the tensors do not change
+    assert default.peak_bytes == expandable.peak_bytes  # the tensors do not change
+    # ... nor does what they allocate, but for the blocks the allocator hands out: without
+    # expandable segments a request may get a cached block up to 1 MiB larger (planner.verdict).
+    assert default.allocated_peak_bytes >= expandable.allocated_peak_bytes >= expandable.peak_bytes
     assert default.replay_out_of_memory and not default.fits
     assert not expandable.replay_out_of_memory and expandable.fits
     assert expandable.reserved_peak_bytes <= expandable.usable_capacity_bytes < default.reserved_peak_bytes
