@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from planner.activations import ActivationProfile, activation_profile
+from planner.adafactor_cuda import reduction_moment_bytes
 from planner.errors import PlannerInputError
 from planner.finetune import Method
 from planner.model_shape import ArchFamily, ModelShape, ParamTensor, compute_parameter_stats
@@ -295,6 +296,20 @@ _CUDA_MULTI_TENSOR = (Optimizer.ADAMW, Optimizer.ADAM, Optimizer.SGD, Optimizer.
 PER_TENSOR_ON_CUDA = (Optimizer.ADAFACTOR, Optimizer.HF_ADAFACTOR)
 
 
+def _per_tensor_cuda_step(shape: ModelShape, trained: ModelShape, scenario: Scenario) -> int | None:
+    """A per-tensor step on CUDA: the CPU probe's temporaries, or the moment of a column
+    reduction with its CUDA workspace when that holds more (planner.adafactor_cuda); None
+    when the step cannot be probed (planner.estimate._probed_phases says why)."""
+    from planner.probe.cache import probed_step_temporaries
+
+    probed = probed_step_temporaries(shape, scenario)
+    if isinstance(probed, str):
+        return None
+    shapes = [p.shape for p in trained.params]
+    element = parameter_bytes_per_element(scenario.precision)
+    return max(probed, reduction_moment_bytes(shapes, element, scenario.optimizer))
+
+
 def _adapter_step_bytes(trainable: tuple[tuple[str, tuple[int, ...], int], ...], scenario: Scenario) -> int | None:
     """The optimizer step's temporaries over LoRA's trainable tensors on CUDA when they are not
     probed, from torch's code as for the full model (planner.optimizer_step): the step probe
@@ -516,12 +531,15 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     # a foreach step holds one for every tensor at once, which the reduced model cannot show, and
     # bitsandbytes' CUDA kernels update in place. A per-tensor loop runs the same code on either
     # device, so its probed step is exact on CUDA too (torch's Adafactor read as two
-    # largest-tensor temporaries was 0.46 GB high on Llama-2-7B: its loop holds one at a time).
+    # largest-tensor temporaries was 0.46 GB high on Llama-2-7B: its loop holds one at a time),
+    # but for the workspace CUDA's column reductions take (planner.adafactor_cuda).
     trained = _trained_shape(shape, scenario)
     # A foreach step works on the tensors that have a gradient.
     cuda_step = (optimizer_step_transient_bytes(trained.stats, scenario.optimizer, scenario.precision,
                                                 scenario.device)
                  if scenario.device is Device.CUDA and scenario.optimizer not in PER_TENSOR_ON_CUDA else None)
+    if scenario.device is Device.CUDA and scenario.optimizer in PER_TENSOR_ON_CUDA:
+        cuda_step = _per_tensor_cuda_step(shape, trained, scenario)
     probed = _probed_phases(shape, scenario, weights, state, cuda_step)
     if isinstance(probed, str) and _has_state_space_layers(shape):
         # No recipe comes near a selective scan's memory (a generic one read Jamba 45% and

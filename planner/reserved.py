@@ -53,6 +53,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 from planner import optimizer_state as counts
+from planner.adafactor_cuda import reduction_moment_requests
 from planner.cuda_allocator import FREE, ReplayResult, replay
 from planner.model_shape import ModelShape
 from planner.probe.table import ProbeTable
@@ -157,8 +158,17 @@ def optimizer_step_events(shape: ModelShape, scenario: Scenario, temporaries_byt
     (CPython frees a list's items last first). Those are replayed as such, each its own
     request, so the allocator can serve them from blocks the activations left cached; what
     the estimate counts beyond them (nothing, for the code-read rule) is one more request.
-    Every other step (per-tensor loops, fused kernels, bitsandbytes) is one allocation of
-    its temporaries."""
+    An Adafactor step on CUDA whose high point is a column reduction (planner.adafactor_cuda)
+    replays that moment's allocations, each its own request, as the loop makes them (the
+    reduction's workspace last). Every other step (per-tensor loops, fused kernels,
+    bitsandbytes) is one allocation of its temporaries."""
+    if (scenario.device is Device.CUDA and scenario.optimizer in (Optimizer.ADAFACTOR, Optimizer.HF_ADAFACTOR)
+            and not scenario.finetune.uses_adapters):
+        sizes = reduction_moment_requests([p.shape for p in shape.params],
+                                          counts.parameter_bytes_per_element(scenario.precision), scenario.optimizer)
+        if sizes and sum(sizes) == temporaries_bytes:
+            keys = [("optimizer-step", i) for i in range(len(sizes))]
+            return list(zip(keys, sizes)) + [(key, FREE) for key in reversed(keys)]
     if scenario.device is Device.CUDA and scenario.optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
         sizes = [math.prod(dims) * element for dims, element, _ in _trained_tensors(shape, scenario)]
         rest = temporaries_bytes - sum(sizes)

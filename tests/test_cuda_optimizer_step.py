@@ -11,6 +11,7 @@ model cannot show."""
 import pytest
 
 from conftest import tiny_config
+from planner.adafactor_cuda import reduction_moment_bytes
 from planner.estimate import Confidence, estimate
 from planner.loading import model_shape_for_config
 from planner.probe import cache
@@ -41,5 +42,12 @@ def test_the_step_on_cuda_is_what_a_simulated_cuda_step_holds(optimizer, precisi
     # the simulated step counts them exactly, and counts the CPU-hosted `step` scalars of torch's
     # Adafactor and AdamW (4 B a tensor), which a GPU does not hold.
     rounding, hosted = 4 * 511 * len(shape.params), 4 * len(shape.params)
-    assert -hosted <= result.peak_bytes - measured["peak_bytes"] <= rounding, (result.peak_bytes,
-                                                                                measured["peak_bytes"])
+    # A simulated step has no kernel workspaces: what a column reduction's workspace adds above
+    # the probed step on CUDA (planner.adafactor_cuda; the workspace is checked against the GPU in
+    # tests/test_cuda_reduction.py) is the only other difference.
+    probed = cache.probed_step_temporaries(shape, scenario)
+    element = 2 if precision == "bf16" else 4
+    workspace = max(0, reduction_moment_bytes([p.shape for p in shape.params], element, scenario.optimizer) - probed)
+    assert (workspace > 0) == (optimizer != "adamw")  # tiny-llama's 3000 x 128 embeddings take one
+    difference = result.peak_bytes - measured["peak_bytes"] - workspace
+    assert -hosted <= difference <= rounding, (result.peak_bytes, measured["peak_bytes"], workspace)

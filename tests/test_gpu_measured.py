@@ -22,12 +22,6 @@ ALLOCATED_WITHIN_PCT, RESERVED_WITHIN_PCT = 1.0, 3.0
 
 # (scenario id, figure) -> the cause, as found on the GPU (README, "Measured on a GPU").
 EXPECTED_MISSES = {
-    ("distilbert-hf-adafactor-trainer", "allocated"):
-        "CUDA's reduction kernel takes a global workspace from the caching allocator for "
-        "`update.mean(dim=-2)` over the 28,996 x 768 word embeddings (Reduce.cuh global_memory_size): "
-        "138,412,032 B at transformers/optimization.py:1267 (benchmarks/results/gpu_memory_snapshot.md), "
-        "which the probe's fake kernels do not allocate (Reduce.cuh setReduceConfig gives exactly that size for "
-        "132 SMs: 4 B x 768 outputs x 352 CTAs x 128): -5.9%",
     ("distilbert-adam8bit-exp", "allocated"):
         "backward reads 10.5 MB above the estimate on DistilBERT (the AdamW run's backward too): 1 MiB is "
         "torch 2.11's separate cuBLASLt workspace, the rest not yet found (the memory-efficient attention "

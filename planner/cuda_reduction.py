@@ -1,0 +1,134 @@
+"""The global-memory workspace CUDA's reduction kernel takes from the caching allocator.
+
+torch's reductions on CUDA (sum, mean, norm, ...: aten/src/ATen/native/cuda/Reduce.cuh,
+`gpu_reduce_kernel`) split a long reduction across thread blocks when each output has
+many inputs and there are few outputs; the blocks then meet in a buffer of
+`global_memory_size()` bytes plus `semaphore_size()` bytes of semaphores, both allocated
+through the caching allocator for the kernel's launch and freed after it. A fake kernel
+allocates only the output, so a probe never sees them.
+
+Measured on an H200 (benchmarks/results/gpu_memory_snapshot.md): transformers' Adafactor's
+`update.mean(dim=-2)` over DistilBERT's 28,996 x 768 fp32 word embeddings took
+138,412,032 B at transformers/optimization.py:1267, which `column_reduction_workspace_bytes`
+gives to the byte.
+
+This module covers the reduction over dim -2 of a contiguous tensor (the column reductions
+Adafactor's factored second moments make), following `setReduceConfig` and
+`ReduceConfig` of torch 2.x's Reduce.cuh:
+- TensorIterator puts the reduced dimension first; it is not the fastest-moving one, so
+  threads run along the outputs (`dim0 = num_outputs`, `dim1 = inputs_per_output`), and
+  outputs are vectorised by `get_output_vec_size`: 4, halved until it divides the output
+  width and the other strides (in elements);
+- `set_block_dimension`: at most 512 / output_vec_size threads (512: `max_reduce_threads`
+  for any dtype but complex double); block width min(pow2(dim0), 32), height
+  min(pow2(dim1), threads / width), width min(pow2(dim0), threads / height), where pow2(n)
+  is n's largest power of two below the limit, else the limit;
+- the width splits the outputs; the height splits the inputs when each thread still has
+  min(16 x height, 256) values or more;
+- with the inputs split and at least 256 values per thread and `grid.x` = ceil(outputs /
+  vec / width) at most the GPU's target grid (SMs x (max resident threads per SM /
+  threads per block)), `ctas_per_output` = max(min(ceil(target / grid.x), ceil(values per
+  thread / 16)), ceil(values per thread / 256)), and above 1 the reduction goes global;
+- `global_memory_size` = accumulator bytes x outputs x ctas_per_output x block width x
+  vec (the block does not reduce along x here); `semaphore_size` = 4 x grid.x.
+The workspace depends on the GPU's SM count and resident threads per SM (`SM_GRIDS`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MAX_REDUCE_THREADS = 512  # Reduce.cuh max_reduce_threads: 512 but for complex double (256)
+WARP_SIZE = 32
+MIN_VALUES_PER_THREAD = 16
+MAX_VALUES_PER_THREAD = 256
+OUTPUT_VEC_SIZE = 4  # get_output_vec_size's start
+
+
+@dataclass(frozen=True)
+class SmGrid:
+    """What a reduction's grid is sized by: cudaDeviceProp multiProcessorCount and
+    maxThreadsPerMultiProcessor."""
+
+    sm_count: int
+    max_threads_per_sm: int
+
+
+# Resident threads per SM by compute capability (CUDA C++ Programming Guide, "Technical
+# Specifications per Compute Capability": maximum number of resident threads per SM).
+_THREADS_PER_SM = {(7, 0): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536, (8, 9): 1536, (9, 0): 2048}
+# SMs per GPU: the datasheets' CUDA cores divided by the FP32 lanes per SM the Programming
+# Guide gives for its compute capability (64 on 7.x and 8.0, 128 on 8.6, 8.9 and 9.0); the
+# H200 read 132 multiprocessors through torch on the lent machine (library/device KINDS.md).
+_SM_COUNTS = {
+    "rtx4060": 3072 // 128, "rtx3060": 3584 // 128, "t4": 2560 // 64, "v100-16gb": 5120 // 64,
+    "rtx4060ti-16gb": 4352 // 128, "rtx4080": 9728 // 128, "l4": 7424 // 128, "a10": 9216 // 128,
+    "rtx4090": 16384 // 128, "rtx3090": 10496 // 128, "v100-32gb": 5120 // 64, "a100-40gb": 6912 // 64,
+    "l40s": 18176 // 128, "a6000": 10752 // 128, "a100-80gb": 6912 // 64, "h100": 16896 // 128, "h200": 132,
+}
+
+
+def sm_grids() -> dict[str, SmGrid]:
+    """The grid of every CUDA GPU planner.gpus holds, by key."""
+    from planner.gpus import GPUS
+
+    return {key: SmGrid(_SM_COUNTS[key], _THREADS_PER_SM[gpu.compute_capability])
+            for key, gpu in GPUS.items() if key in _SM_COUNTS}
+
+
+def _pow2_below(n: int, limit: int) -> int:
+    return limit if n >= limit else 1 << (max(n, 1).bit_length() - 1)
+
+
+def _output_vec_size(rows: int, cols: int) -> int:
+    vec = OUTPUT_VEC_SIZE
+    for n in (cols, cols * rows):  # the output width, then the other dims' strides in elements
+        while n % vec:
+            vec //= 2
+    return vec
+
+
+def column_reduction_workspace_bytes(shape: tuple[int, ...], grid: SmGrid, accumulator_bytes: int = 4) -> int:
+    """Bytes the reduction of a contiguous tensor of `shape` over dim -2 allocates beside its
+    output on a GPU of `grid` (workspace and semaphores, each in 512-byte blocks), 0 when it
+    does not go global (module doc)."""
+    if len(shape) < 2:
+        return 0
+    rows, cols = shape[-2], shape[-1]
+    batch = math.prod(shape[:-2])
+    outputs, inputs = batch * cols, rows
+    if outputs == 0 or inputs == 0:
+        return 0
+    vec = _output_vec_size(rows, cols)
+    dim0, dim1 = outputs // vec, inputs
+    max_threads = MAX_REDUCE_THREADS // vec
+    width = min(_pow2_below(dim0, max_threads), WARP_SIZE)
+    height = min(_pow2_below(dim1, max_threads), max_threads // width)
+    width = min(_pow2_below(dim0, max_threads), max_threads // height)
+    step_output, step_input = width, 1  # the width splits the outputs
+    if -(-inputs // step_input) < min(height * MIN_VALUES_PER_THREAD, MAX_VALUES_PER_THREAD):
+        return 0  # each warp takes its own outputs: no split of the inputs, no global reduction
+    step_input = height
+    values_per_thread = -(-inputs // step_input)
+    grid_x = -(-(outputs // vec) // step_output)
+    target = grid.sm_count * (grid.max_threads_per_sm // (width * height))
+    if values_per_thread < MAX_VALUES_PER_THREAD or grid_x > target:
+        return 0
+    ctas = max(min(-(-target // grid_x), -(-values_per_thread // MIN_VALUES_PER_THREAD)),
+               -(-values_per_thread // MAX_VALUES_PER_THREAD))
+    if ctas <= 1:
+        return 0
+    workspace = accumulator_bytes * outputs * ctas * width * vec
+    semaphores = 4 * grid_x
+    return _blocks(workspace) + _blocks(semaphores)
+
+
+def _blocks(nbytes: int) -> int:
+    return -(-nbytes // 512) * 512
+
+
+def largest_column_reduction_workspace_bytes(shape: tuple[int, ...], accumulator_bytes: int = 4) -> int:
+    """The workspace on the GPU of planner.gpus that makes the largest: a plan's estimate
+    takes no GPU, and a smaller grid never needs more (`ctas_per_output` grows with it)."""
+    return max(column_reduction_workspace_bytes(shape, grid, accumulator_bytes) for grid in sm_grids().values())
