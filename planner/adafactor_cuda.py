@@ -21,6 +21,7 @@ reductions (dim -1) reduce along the fastest dimension inside each block and are
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -42,10 +43,15 @@ def reduction_moment_requests(shapes: Sequence[tuple[int, ...]], param_bytes: in
     """The allocations live at the largest such moment, in the order the loop makes them
     (the caching allocator serves each on its own: planner.reserved replays them so); []
     when there is none."""
+    return list(_moment_requests(tuple(tuple(shape) for shape in shapes), param_bytes, optimizer))
+
+
+@functools.lru_cache(maxsize=1024)  # every plan of a search asks again for the same tensors
+def _moment_requests(shapes: tuple[tuple[int, ...], ...], param_bytes: int, optimizer: Optimizer) -> tuple[int, ...]:
     on_cuda = allocation(Device.CUDA)
     factored = [shape for shape in shapes if len(shape) >= 2]
     if optimizer not in (Optimizer.HF_ADAFACTOR, Optimizer.ADAFACTOR) or not factored:
-        return []
+        return ()
     largest_update = max(on_cuda(math.prod(shape) * param_bytes) for shape in shapes)
     moments = []
     for shape in factored:
@@ -58,5 +64,5 @@ def reduction_moment_requests(shapes: Sequence[tuple[int, ...]], param_bytes: in
         else:
             column = math.prod(shape[:-1])  # row_mean, keepdim
             live = [largest_update, on_cuda(column * param_bytes), on_cuda(row * param_bytes)]
-        moments.append(live + [workspace])
+        moments.append(tuple(live) + (workspace,))
     return max(moments, key=sum)

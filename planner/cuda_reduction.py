@@ -31,11 +31,12 @@ Adafactor's factored second moments make), following `setReduceConfig` and
   thread / 16)), ceil(values per thread / 256)), and above 1 the reduction goes global;
 - `global_memory_size` = accumulator bytes x outputs x ctas_per_output x block width x
   vec (the block does not reduce along x here); `semaphore_size` = 4 x grid.x.
-The workspace depends on the GPU's SM count and resident threads per SM (`SM_GRIDS`).
+The workspace depends on the GPU's SM count and resident threads per SM (`sm_grids`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -69,6 +70,7 @@ _SM_COUNTS = {
 }
 
 
+@functools.lru_cache(maxsize=1)
 def sm_grids() -> dict[str, SmGrid]:
     """The grid of every CUDA GPU planner.gpus holds, by key."""
     from planner.gpus import GPUS
@@ -128,6 +130,7 @@ def _blocks(nbytes: int) -> int:
     return -(-nbytes // 512) * 512
 
 
+@functools.lru_cache(maxsize=4096)
 def largest_column_reduction_workspace_bytes(shape: tuple[int, ...], accumulator_bytes: int = 4) -> int:
     """The workspace on the GPU of planner.gpus that makes the largest: a plan's estimate
     takes no GPU, and a smaller grid never needs more (`ctas_per_output` grows with it)."""
