@@ -81,12 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         records.append(replanned(record, last["gpu"]))
     import torch
 
+    commit = _commit()
     report = {**last, "scenarios": records, "overheads": gpu_check.overheads_summary(records, last["probe"]),
               "replanned": {
-                  "runs": [str(path) for path in args.runs], "commit": _commit(), "torch_here": torch.__version__,
+                  "runs": [str(path) for path in args.runs], "commit": commit, "torch_here": torch.__version__,
                   "wall_s": round(time.monotonic() - started, 1),
                   "note": (f"measurements from {', '.join(f'`{path}`' for path in args.runs)}; estimates by the "
-                           f"planner at commit {_commit()}, on a machine without a GPU with torch {torch.__version__} "
+                           f"planner at commit {commit}, on a machine without a GPU with torch {torch.__version__} "
                            f"(fake CUDA tensors, the run's GPU `{last['gpu']}`), by "
                            f"`python benchmarks/gpu_check_replan.py`.")}}
     gpu_check.write_results(report, args.out)

@@ -40,6 +40,9 @@ import functools
 import math
 from dataclasses import dataclass
 
+from planner.optimizer_state import allocation
+from planner.scenario import Device
+
 MAX_REDUCE_THREADS = 512  # Reduce.cuh max_reduce_threads: 512 but for complex double (256)
 WARP_SIZE = 32
 MIN_VALUES_PER_THREAD = 16
@@ -123,11 +126,8 @@ def column_reduction_workspace_bytes(shape: tuple[int, ...], grid: SmGrid, accum
         return 0
     workspace = accumulator_bytes * outputs * ctas * width * vec
     semaphores = 4 * grid_x
-    return _blocks(workspace) + _blocks(semaphores)
-
-
-def _blocks(nbytes: int) -> int:
-    return -(-nbytes // 512) * 512
+    on_cuda = allocation(Device.CUDA)
+    return on_cuda(workspace) + on_cuda(semaphores)
 
 
 @functools.lru_cache(maxsize=4096)

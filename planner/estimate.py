@@ -34,8 +34,8 @@ from planner.optimizer_state import (
     tensor_state_bytes,
 )
 from planner.optimizer_step import optimizer_step_transient_bytes
-from planner.units import format_bytes
 from planner.scenario import Attention, Checkpointing, Device, Engine, Optimizer, Precision, Scenario, Task
+from planner.units import format_bytes
 
 MAX_PEAK_BYTES = 1 << 62  # 4 EiB: a quarter of what a signed 64-bit column holds, so sums stay in range
 

@@ -69,10 +69,9 @@ def state_tensor_bytes(shape: tuple[int, ...], optimizer: Optimizer, param_bytes
     in the order it creates them (planner.optimizer_state says where each comes from)."""
     numel = math.prod(shape)
     on_device_step = [counts.FP32_BYTES] if device is Device.CPU else []  # CPU-hosted `step`: where the params live
-    if counts.is_paged_buffer(optimizer, device, numel):  # state1, state2 in unified memory: not the allocator's
-        return [] if fp32_embedding else [-(-numel // counts.BNB_BLOCK_SIZE) * counts.FP32_BYTES] * 2
+    paged = counts.is_paged_buffer(optimizer, device, numel)  # state1, state2 in unified memory: not the allocator's
     if fp32_embedding:
-        return [numel * counts.FP32_BYTES] * 2
+        return [] if paged else [numel * counts.FP32_BYTES] * 2
     if optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
         return on_device_step + [numel * param_bytes] * 2
     if optimizer is Optimizer.ADAMW_FUSED:
@@ -92,7 +91,7 @@ def state_tensor_bytes(shape: tuple[int, ...], optimizer: Optimizer, param_bytes
         if numel < counts.BNB_MIN_8BIT_SIZE:
             return [numel * counts.FP32_BYTES] * 2
         absmax = -(-numel // counts.BNB_BLOCK_SIZE) * counts.FP32_BYTES
-        return [numel, numel, absmax, absmax]
+        return ([] if paged else [numel, numel]) + [absmax, absmax]
     raise ValueError(f"no state model for optimizer {optimizer}")
 
 
