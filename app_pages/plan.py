@@ -130,8 +130,8 @@ def render() -> None:
         with st.expander("Allocated, reserved and CUDA overheads", expanded=False):
             st.table(with_byte_separators(verdict_table(verdict)), hide_index=True)
             if verdict.caveat:
-                st.caption(f"Reserved memory: {verdict.caveat}. Every overhead is documented, not yet measured "
-                           "here (docs/cuda_overheads.md).")
+                st.caption(f"Reserved memory: {verdict.caveat}. Each overhead says whether it was measured "
+                           "or documented (docs/cuda_overheads.md).")
     st.caption(
         f"Activations saved by one micro-batch's forward: {format_bytes(result.activations_bytes)}. "
         + ("The largest batch and sequence leave room for the CUDA overheads and torch's allocator blocks."

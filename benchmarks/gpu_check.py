@@ -39,7 +39,8 @@ the ~100M models (distilbert, gpt2, pythia-160m, opt-125m), 15 s for smollm2-360
 qwen2.5-0.5b, 25-30 s for llama-3.2-1b (its random initialisation on the CPU), a few
 seconds more for the Trainer; the planner's estimates beside them (71 s for all of
 SCENARIOS on 2 cores with no shipped table, as on a machine whose torch is not the pinned
-one). 16 scenarios: about 3-4 minutes; the probe 10 s; the two
+one). The first 16 scenarios: about 3-4 minutes, the four added last (2-4B models) about 3 more
+(measured: 200 s on an H200), so a full run may leave some not started; the probe 10 s; the two
 sub-checks about 20-40 s each. The guards keep the total under 8 minutes whatever
 happens: no scenario starts after 5 min 30 s, none runs past 7 min, each sub-check gets
 at most 60 s and none starts after 7 min 40 s.
@@ -150,6 +151,19 @@ SCENARIOS = [
              "QLoRA nf4 (double quantisation), r16 all-linear, paged 8-bit AdamW, bf16, checkpointing, expandable",
              dict(CAUSAL, optimizer="paged-adamw8bit", precision="bf16-mixed", gradient_checkpointing=True,
                   finetune="qlora"), expandable=True),
+    # Four models measured for the first time in the second session, none of them tuned on:
+    # BERT's biases at 4,096 tokens, Qwen3's q/k norms, Gemma-2's soft-capping and eager
+    # attention, Phi-3's fused qkv and gate-up projections.
+    scenario("bert-base-adamw", "bert-base-uncased", "AdamW, fp32, SDPA, dropout on",
+             dict(LESSON, optimizer="adamw", batch_size=16, seq_len=256)),
+    scenario("qwen3-0.6b-adamw-bf16-ckpt-exp", "qwen3-0.6b", "AdamW, bf16 autocast, checkpointing, expandable",
+             dict(CAUSAL, optimizer="adamw", precision="bf16-mixed", gradient_checkpointing=True, batch_size=8,
+                  seq_len=1024), expandable=True),
+    scenario("gemma-2-2b-adamw8bit-bf16-ckpt", "gemma-2-2b", "8-bit AdamW, bf16 autocast, eager, checkpointing",
+             dict(CAUSAL, optimizer="adamw8bit", precision="bf16-mixed", gradient_checkpointing=True, attn="eager",
+                  batch_size=2, seq_len=1024)),
+    scenario("phi-3-mini-adamw-bf16-ckpt", "phi-3-mini-4k-instruct", "AdamW, bf16 autocast, checkpointing",
+             dict(CAUSAL, optimizer="adamw", precision="bf16-mixed", gradient_checkpointing=True, seq_len=1024)),
 ]
 
 # The dry run: the same code path on CPU, tiny configs (tests/configs), both engines, both settings.

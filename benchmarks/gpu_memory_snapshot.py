@@ -8,7 +8,11 @@ scenario (runners.measure, in-process, 3 steps), replays the recorded trace
 and lists what is live then, largest first, with the Python frames that allocated it
 (none for the autograd engine's thread: backward runs in C++). Written to
 <out>/gpu_memory_snapshot.json and .md. It finds the tensor behind an estimate that is off
-(benchmarks/results/gpu_check.md).
+(benchmarks/results/gpu_check.md). The whole recorded trace goes to
+<out>/traces/<id>.json.gz too, one [action, address, bytes, innermost frame] per event
+(alloc, free_requested, free_completed, segment_alloc/free, segment_map/unmap), to be
+compared offline, event by event, with the planner's expansion of the probe's trace
+(an order that differs shows as a reserved peak the replay does not reach).
 
     bash benchmarks/gpu_check.sh --script benchmarks/gpu_memory_snapshot.py --only ID[,ID...] [--out DIR]
 """
@@ -16,6 +20,7 @@ and lists what is live then, largest first, with the Python frames that allocate
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import subprocess
@@ -68,7 +73,13 @@ def live_at_peak(trace: list[dict]) -> tuple[int, int, list[dict]]:
     return peak, peak_index, peak_live
 
 
-def child(spec_id: str) -> dict:
+def compact_trace(trace: list[dict]) -> list[list]:
+    """[action, address, bytes, innermost kept frame or ""] per event of a device trace."""
+    return [[entry.get("action"), entry.get("addr"), entry.get("size"), (_frames(entry) or [""])[0]]
+            for entry in trace]
+
+
+def child(spec_id: str, trace_dir: Path | None = None) -> dict:
     """One scenario with the history recorded (runs in a fresh process)."""
     import torch
 
@@ -86,6 +97,12 @@ def child(spec_id: str) -> dict:
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
     trace = snapshot["device_traces"][torch.cuda.current_device()]
+    if trace_dir is not None:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        with gzip.open(trace_dir / f"{spec_id}.json.gz", "wt") as handle:
+            json.dump({"id": spec_id, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "steps": STEPS,
+                       "max_memory_reserved_bytes": torch.cuda.max_memory_reserved(),
+                       "events": compact_trace(trace)}, handle)
     peak, index, live = live_at_peak(trace)
     live.sort(key=lambda entry: -entry["size"])
     by_size = Counter(entry["size"] for entry in live)
@@ -124,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child)))
+        print(json.dumps(child(args.child, args.out / "traces")))
         return 0
     import torch
 
@@ -146,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": gpu_check.EXPANDABLE_ON
                if known[spec_id]["expandable_segments"] else gpu_check.EXPANDABLE_OFF}
         try:
-            done = subprocess.run([sys.executable, __file__, "--only", spec_id, "--child", spec_id], env=env,
+            done = subprocess.run([sys.executable, __file__, "--only", spec_id, "--child", spec_id,
+                                   "--out", str(args.out)], env=env,
                                   capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False)
             if done.returncode != 0:
                 raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else

@@ -94,17 +94,18 @@ def _output_vec_size(rows: int, cols: int) -> int:
     return vec
 
 
-def column_reduction_workspace_bytes(shape: tuple[int, ...], grid: SmGrid, accumulator_bytes: int = 4) -> int:
-    """Bytes the reduction of a contiguous tensor of `shape` over dim -2 allocates beside its
-    output on a GPU of `grid` (workspace and semaphores, each in 512-byte blocks), 0 when it
-    does not go global (module doc)."""
+def column_reduction_requests(shape: tuple[int, ...], grid: SmGrid, accumulator_bytes: int = 4) -> tuple[int, int]:
+    """(workspace, semaphores): the two buffers, in bytes as requested, that the reduction of a
+    contiguous tensor of `shape` over dim -2 allocates beside its output on a GPU of `grid`,
+    one after the other, and frees after its launch (semaphores first); (0, 0) when it does
+    not go global (module doc)."""
     if len(shape) < 2:
-        return 0
+        return 0, 0
     rows, cols = shape[-2], shape[-1]
     batch = math.prod(shape[:-2])
     outputs, inputs = batch * cols, rows
     if outputs == 0 or inputs == 0:
-        return 0
+        return 0, 0
     vec = _output_vec_size(rows, cols)
     dim0, dim1 = outputs // vec, inputs
     max_threads = MAX_REDUCE_THREADS // vec
@@ -113,21 +114,26 @@ def column_reduction_workspace_bytes(shape: tuple[int, ...], grid: SmGrid, accum
     width = min(_pow2_below(dim0, max_threads), max_threads // height)
     step_output, step_input = width, 1  # the width splits the outputs
     if -(-inputs // step_input) < min(height * MIN_VALUES_PER_THREAD, MAX_VALUES_PER_THREAD):
-        return 0  # each warp takes its own outputs: no split of the inputs, no global reduction
+        return 0, 0  # each warp takes its own outputs: no split of the inputs, no global reduction
     step_input = height
     values_per_thread = -(-inputs // step_input)
     grid_x = -(-(outputs // vec) // step_output)
     target = grid.sm_count * (grid.max_threads_per_sm // (width * height))
     if values_per_thread < MAX_VALUES_PER_THREAD or grid_x > target:
-        return 0
+        return 0, 0
     ctas = max(min(-(-target // grid_x), -(-values_per_thread // MIN_VALUES_PER_THREAD)),
                -(-values_per_thread // MAX_VALUES_PER_THREAD))
     if ctas <= 1:
-        return 0
-    workspace = accumulator_bytes * outputs * ctas * width * vec
-    semaphores = 4 * grid_x
+        return 0, 0
+    return accumulator_bytes * outputs * ctas * width * vec, 4 * grid_x
+
+
+def column_reduction_workspace_bytes(shape: tuple[int, ...], grid: SmGrid, accumulator_bytes: int = 4) -> int:
+    """Bytes the reduction of a contiguous tensor of `shape` over dim -2 allocates beside its
+    output on a GPU of `grid` (workspace and semaphores, each in 512-byte blocks), 0 when it
+    does not go global (module doc)."""
     on_cuda = allocation(Device.CUDA)
-    return on_cuda(workspace) + on_cuda(semaphores)
+    return sum(on_cuda(n) for n in column_reduction_requests(shape, grid, accumulator_bytes) if n)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -135,3 +141,10 @@ def largest_column_reduction_workspace_bytes(shape: tuple[int, ...], accumulator
     """The workspace on the GPU of planner.gpus that makes the largest: a plan's estimate
     takes no GPU, and a smaller grid never needs more (`ctas_per_output` grows with it)."""
     return max(column_reduction_workspace_bytes(shape, grid, accumulator_bytes) for grid in sm_grids().values())
+
+
+@functools.lru_cache(maxsize=4096)
+def largest_column_reduction_requests(shape: tuple[int, ...], accumulator_bytes: int = 4) -> tuple[int, int]:
+    """`column_reduction_requests` on the GPU of planner.gpus whose workspace is the largest."""
+    return max((column_reduction_requests(shape, grid, accumulator_bytes) for grid in sm_grids().values()),
+               key=lambda requests: (sum(requests), requests))

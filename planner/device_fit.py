@@ -49,10 +49,10 @@ def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacit
         return DeviceVerdict(peak, capacity_bytes, None)
     if plan is not None and plan.distributed and plan.strategy is not Strategy.DDP:
         return DeviceVerdict(peak, capacity_bytes, overheads, reserved_not_replayed=MULTI_GPU_NOT_REPLAYED)
-    buckets = result.ddp_bucket_bytes if isinstance(result, ParallelEstimate) else ()
-    blocks = tuple(buckets) + tuple(item.bytes for item in overheads.allocator_items)
+    buckets = tuple(result.ddp_bucket_bytes if isinstance(result, ParallelEstimate) else ())
+    workspaces = tuple(item.bytes for item in overheads.allocator_items)  # the cuBLAS workspaces, per thread
     usable = overheads.usable_capacity_bytes(capacity_bytes)
-    within = replayed_step(shape, single, blocks, capacity_bytes=max(usable, 0))
+    within = replayed_step(shape, single, buckets, capacity_bytes=max(usable, 0), cublas_workspaces=workspaces)
     if isinstance(within, str):
         return DeviceVerdict(peak, capacity_bytes, overheads, reserved_not_replayed=within)
     expandable = single.scenario.cuda_segments is CudaSegments.EXPANDABLE
@@ -60,7 +60,7 @@ def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacit
         return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=within.peak_reserved_bytes,
                              expandable_segments=expandable,
                              replayed_allocated_peak_bytes=within.peak_allocated_bytes)
-    unbounded = replayed_step(shape, single, blocks)  # what it would reserve with room to spare
+    unbounded = replayed_step(shape, single, buckets, cublas_workspaces=workspaces)  # with room to spare
     return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=unbounded.peak_reserved_bytes,
                          replay_out_of_memory=True, expandable_segments=expandable,
                          replayed_allocated_peak_bytes=unbounded.peak_allocated_bytes)

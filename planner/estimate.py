@@ -248,9 +248,10 @@ def _cuda_probe_note(method: str) -> str:
     from planner.probe.cache import CUDA_PROBE_ARCH
 
     return (f"{method} on CUDA: activations probed with {CUDA_PROBE_ARCH}'s CUDA kernels on fake tensors "
-            "(planner/probe/fake_cuda.py: SDPA's backend, 1-byte dropout masks, CUDA autocast's op lists; not yet "
-            "measured on a GPU), each saved tensor at its exact size (the caching allocator's 512-byte blocks are "
-            "not added to them).")
+            "(planner/probe/fake_cuda.py: SDPA's backend, 1-byte dropout masks, CUDA autocast's op lists, gradient "
+            "sums in place; checked against an H200's records, README \"Measured on a GPU\"; the attention "
+            "backward's own scratch is not counted), each saved tensor at its exact size (the caching allocator's "
+            "512-byte blocks are not added to them).")
 
 
 # Tasks no family recipe is claimed for: planned through the probe or refused, in these words.

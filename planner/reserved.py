@@ -8,7 +8,7 @@
   tensor (`shape.params`, tied weights once, in order; bytes per element for the
   precision, planner.optimizer_state), the registered buffers (one allocation for the
   floating ones, one for the rest: ModelShape keeps only their totals), torch's own blocks
-  (cuBLAS workspaces). The first step is a step (below) that starts without the previous
+  (DDP's buckets). The first step is a step (below) that starts without the previous
   step's outputs and makes the optimizer's state tensors (as planner.optimizer_state counts
   them: their sum is `optimizer_state_bytes`, less a paged optimizer's buffers in unified
   memory) in its `optimizer.step()`, before the update:
@@ -17,8 +17,22 @@
 - step: the K micro-batches (planner.probe.trace), the optimizer step's temporaries, then
   zero_grad(set_to_none=True) freeing every gradient, and what the recorded loop kept alive
   with its batches (planner.probe.trace), let go as a real loop drops its batch.
+- what CUDA's kernels allocate beside their outputs, where the probe marked it
+  (planner.probe.recorder; tables of CUDA probe format 5 on): each thread's cuBLAS workspace
+  (planner.cuda_overheads: the main thread's and the autograd thread's) right after the
+  output of its first cuBLAS call, in the first step's first forward and first backward
+  (torch makes it lazily, per handle and stream, and keeps it); and every column
+  reduction's workspace and semaphores (planner.cuda_reduction, on the planner's GPU that
+  makes the largest), allocated after its output and freed before the next event. On an
+  H200 (benchmarks/results/gpu_runs/2026-12-04-c/traces): GPT-2 with LoRA's autograd
+  workspace took 32 MiB of a cached 413 MB block freed by the loss, so that block could no
+  longer hold the next step's 411.7 MB logits gradient (a new segment: +380 MB reserved),
+  and DistilBERT's bias gradients took 6,291,456 B + 24 B and 25,165,824 B + 96 B for their
+  launches. A table without the marks puts the workspaces in the prefix, after the model.
 
-Keys: parameters ("param", i), buffers ("buffers", kind), state ("state", i, n) and
+Keys: parameters ("param", i), buffers ("buffers", kind), torch's blocks ("allocator-block", i),
+cuBLAS workspaces ("cublas-workspace", i), a reduction's ("reduction-workspace", key) and
+("reduction-semaphores", key) for its output's key, state ("state", i, n) and
 ("state", "qmap1"/"qmap2"), the step's tensors planner.probe.trace's (storage, serial), the
 optimizer step's ("optimizer-step",) or ("optimizer-step", i). The outputs the lessons' loop carries from one step
 to the next are keyed ("carry", parity, j): the step's last outputs (of its live
@@ -53,11 +67,12 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 from planner import optimizer_state as counts
-from planner.adafactor_cuda import reduction_moment_requests
+from planner.adafactor_cuda import hf_moment_events, reduction_moment_requests
 from planner.cuda_allocator import FREE, ReplayResult, replay
+from planner.cuda_reduction import largest_column_reduction_requests
 from planner.model_shape import ModelShape
-from planner.probe.table import ProbeTable
-from planner.probe.trace import TraceError, expand
+from planner.probe.table import ProbeTable, poly_value
+from planner.probe.trace import Expansion, TraceError, expand
 from planner.scenario import CudaSegments, Device, Optimizer, Scenario
 
 Event = tuple[Hashable, int]
@@ -97,9 +112,10 @@ def state_tensor_bytes(shape: tuple[int, ...], optimizer: Optimizer, param_bytes
 
 def model_prefix(shape: ModelShape, scenario: Scenario, allocator_blocks: tuple[int, ...] = ()) -> list[Event]:
     """Parameters and buffers, allocated once before the first step, then
-    `allocator_blocks`: torch's own persistent blocks (the cuBLAS workspaces,
-    planner.cuda_overheads), made at the first matmul, after the weights. With LoRA or
-    QLoRA, every tensor the wrapped model stores (planner.estimate.adapter_tensors)."""
+    `allocator_blocks`: torch's own persistent blocks made before the first step (DDP's
+    buckets; cuBLAS workspaces where the trace does not say where their first use is).
+    With LoRA or QLoRA, every tensor the wrapped model stores
+    (planner.estimate.adapter_tensors)."""
     if scenario.finetune.uses_adapters:
         from planner.estimate import adapter_tensors
 
@@ -159,13 +175,18 @@ def optimizer_step_events(shape: ModelShape, scenario: Scenario, temporaries_byt
     the estimate counts beyond them (nothing, for the code-read rule) is one more request.
     An Adafactor step on CUDA whose high point is a column reduction (planner.adafactor_cuda)
     replays that moment's allocations, each its own request, as the loop makes them (the
-    reduction's workspace last). Every other step (per-tensor loops, fused kernels,
+    reduction's workspace last; transformers' with the tensor's transients and the
+    workspace's semaphores, planner.adafactor_cuda.hf_moment_events). Every other step (per-tensor loops, fused kernels,
     bitsandbytes) is one allocation of its temporaries."""
     if (scenario.device is Device.CUDA and scenario.optimizer in (Optimizer.ADAFACTOR, Optimizer.HF_ADAFACTOR)
             and not scenario.finetune.uses_adapters):
-        sizes = reduction_moment_requests([p.shape for p in shape.params],
-                                          counts.parameter_bytes_per_element(scenario.precision), scenario.optimizer)
+        shapes = [p.shape for p in shape.params]
+        element = counts.parameter_bytes_per_element(scenario.precision)
+        sizes = reduction_moment_requests(shapes, element, scenario.optimizer)
         if sizes and sum(sizes) == temporaries_bytes:
+            if scenario.optimizer is Optimizer.HF_ADAFACTOR:  # the loop's own order, transients included
+                return [(("optimizer-step", name), FREE if nbytes < 0 else nbytes)
+                        for name, nbytes in hf_moment_events(shapes, element)]
             keys = [("optimizer-step", i) for i in range(len(sizes))]
             return list(zip(keys, sizes)) + [(key, FREE) for key in reversed(keys)]
     if scenario.device is Device.CUDA and scenario.optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
@@ -194,12 +215,40 @@ def _check_keys(prefix: list[Event], step: list[Event], repeats: int = 2) -> Non
                 live.add(key)
 
 
+def _first_cublas_outputs(expansion: Expansion, cublas: frozenset[int]) -> dict[int, int]:
+    """Position in `expansion.events` of the first allocation a cuBLAS routine made in micro-batch
+    0's forward (thread 0: the main thread) and backward (thread 1: the autograd engine's)."""
+    found = {}
+    for span in expansion.spans:
+        if span.micro_batch != 0:
+            continue
+        for position in range(span.start, span.stop):
+            key, nbytes = expansion.events[position]
+            if nbytes != FREE and key[0] in cublas:
+                found[int(span.backward)] = position
+                break
+    return found
+
+
+def _reduction_requests(table: ProbeTable, batch: int, seq: int) -> dict[int, tuple[int, int]]:
+    """storage -> (workspace, semaphores) its column reduction allocates at (batch, seq), where nonzero."""
+    out = {}
+    for index, rows, cols, accumulator in table.trace.column_reductions:
+        requests = largest_column_reduction_requests((poly_value(rows, batch, seq), poly_value(cols, batch, seq)),
+                                                     accumulator)
+        if requests[0]:
+            out[index] = requests
+    return out
+
+
 def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
                     step_temporaries_bytes: int | None = None,
-                    allocator_blocks: tuple[int, ...] = ()) -> tuple[list[Event], list[Event]]:
+                    allocator_blocks: tuple[int, ...] = (),
+                    cublas_workspaces: tuple[int, ...] = ()) -> tuple[list[Event], list[Event]]:
     """(prefix, step) for `replay(step, prefix=prefix, repeats=2)` (see the module docstring).
     `step_temporaries_bytes`: the optimizer step's temporaries; None probes them
-    (planner.probe.cache.probed_step_temporaries)."""
+    (planner.probe.cache.probed_step_temporaries). `allocator_blocks`: made before the first
+    step; `cublas_workspaces`: per thread (main, autograd), made at its first cuBLAS call."""
     if step_temporaries_bytes is None:
         from planner.probe.cache import probed_step_temporaries
 
@@ -229,14 +278,35 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
     dropped = candidates
 
     step_events = optimizer_step_events(shape, scenario, step_temporaries_bytes)
+    # cuBLAS workspaces at their first use when the trace marks it, else before the first step.
+    first_use = _first_cublas_outputs(expansion, frozenset(trace.cublas)) if cublas_workspaces else {}
+    workspace_after = {position: (("cublas-workspace", thread), cublas_workspaces[thread])
+                       for thread, position in first_use.items() if thread < len(cublas_workspaces)}
+    in_prefix = tuple(nbytes for thread, nbytes in enumerate(cublas_workspaces)
+                      if thread not in first_use)
+    reductions = _reduction_requests(table, scenario.batch_size, scenario.seq_len)
 
     def one_step(parity_in: int | None, parity_out: int) -> list[Event]:
         """A step whose carried-in outputs are keyed by `parity_in` (None: the first step, which
-        starts with none and makes the optimizer state before its update)."""
+        starts with none, makes the cuBLAS workspaces and makes the optimizer state before its update)."""
         names = {} if parity_in is None else {old: ("carry", parity_in, j) for j, old in enumerate(carried_in)}
         names.update({new: ("carry", parity_out, j) for j, new in enumerate(carried_out)})
-        events = [(names.get(key, key), nbytes) for key, nbytes in expansion.events[expansion.initial_count:]
-                  if parity_in is not None or key not in carried_in]
+        events = []
+        for position in range(expansion.initial_count, len(expansion.events)):
+            key, nbytes = expansion.events[position]
+            if parity_in is None and key in carried_in:
+                continue
+            named = names.get(key, key)
+            events.append((named, nbytes))
+            if nbytes == FREE:
+                continue
+            requests = reductions.get(key[0])
+            if requests is not None:
+                workspace, semaphores = ("reduction-workspace", named), ("reduction-semaphores", named)
+                events += [(workspace, requests[0]), (semaphores, requests[1]), (semaphores, FREE),
+                           (workspace, FREE)]
+            if parity_in is None and position in workspace_after:
+                events.append(workspace_after[position])
         if parity_in is None:
             events += state_events(shape, scenario)
         events += step_events
@@ -249,7 +319,7 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
     # batch-kept tensors, which a step's frees match), then the first step.
     carried_in_set = set(carried_in)
     warm_up = [(key, sizes[key]) for key in initial_keys if key not in carried_in_set]
-    prefix = model_prefix(shape, scenario, allocator_blocks) + warm_up + one_step(None, 0)
+    prefix = model_prefix(shape, scenario, allocator_blocks + in_prefix) + warm_up + one_step(None, 0)
     # Which form a step takes, and that its keys are sound, follows from the table and the
     # micro-batches alone (the prefix's own keys are distinct by construction): checked once.
     form_key = (table.key, scenario.grad_accum_steps)
@@ -275,10 +345,11 @@ _STEP_FORMS: dict[tuple[str, int], tuple[ProbeTable, int]] = {}  # (table key, K
 
 def reserved_peak(shape: ModelShape, scenario: Scenario, table: ProbeTable, *, expandable_segments: bool = False,
                   capacity_bytes: int | None = None, step_temporaries_bytes: int | None = None,
-                  allocator_blocks: tuple[int, ...] = ()) -> ReplayResult:
+                  allocator_blocks: tuple[int, ...] = (), cublas_workspaces: tuple[int, ...] = ()) -> ReplayResult:
     """The steady-state step replayed through the caching allocator model (its peaks are
     the second step's, after the first has warmed the cache)."""
-    prefix, step = training_events(shape, scenario, table, step_temporaries_bytes, allocator_blocks)
+    prefix, step = training_events(shape, scenario, table, step_temporaries_bytes, allocator_blocks,
+                                   cublas_workspaces)
     return replay(step, prefix=prefix, repeats=2, expandable_segments=expandable_segments,
                   capacity_bytes=capacity_bytes)
 
@@ -304,10 +375,11 @@ MICRO_BATCHES_REPLAYED = 3
 
 
 def replayed_step(shape: ModelShape, result, allocator_blocks: tuple[int, ...],
-                  capacity_bytes: int | None = None) -> ReplayResult | str:
+                  capacity_bytes: int | None = None, cublas_workspaces: tuple[int, ...] = ()) -> ReplayResult | str:
     """The steady-state step of the estimate `result` (planner.estimate.Estimate, on CUDA)
     replayed through the caching allocator (with expandable segments when the scenario's
-    PYTORCH_CUDA_ALLOC_CONF asks for them), with torch's own `allocator_blocks` and, when
+    PYTORCH_CUDA_ALLOC_CONF asks for them), with torch's own `allocator_blocks` (made before
+    the first step) and `cublas_workspaces` (per thread, at its first cuBLAS call) and, when
     given, the memory the allocator may take (`capacity_bytes`: it then releases its cache
     and retries before an out-of-memory error, as a real one does), with at most
     MICRO_BATCHES_REPLAYED micro-batches; or why it cannot be:
@@ -324,7 +396,7 @@ def replayed_step(shape: ModelShape, result, allocator_blocks: tuple[int, ...],
     if result.confidence is not Confidence.PROBED:
         return "the step was not probed on CUDA's kernels (the family recipe stands in), so there is no " \
                "allocation trace to replay"
-    key = (config_digest(shape), shape.name, scenario, allocator_blocks, capacity_bytes)
+    key = (config_digest(shape), shape.name, scenario, allocator_blocks, cublas_workspaces, capacity_bytes)
     found = _REPLAYS.get(key)
     if found is not None:
         _REPLAYS.move_to_end(key)
@@ -336,7 +408,8 @@ def replayed_step(shape: ModelShape, result, allocator_blocks: tuple[int, ...],
         step = result.phases[-1].temporaries  # the optimizer step's, as the estimate counts them
         try:
             found = reserved_peak(shape, scenario, table, step_temporaries_bytes=step,
-                                  allocator_blocks=allocator_blocks, capacity_bytes=capacity_bytes,
+                                  allocator_blocks=allocator_blocks, cublas_workspaces=cublas_workspaces,
+                                  capacity_bytes=capacity_bytes,
                                   expandable_segments=scenario.cuda_segments is CudaSegments.EXPANDABLE)
         except TraceError as error:
             found = f"the step's trace cannot be replayed ({error})"

@@ -51,11 +51,16 @@ class StepMeasurement:
 
 
 class MemTrackerProbe:
-    """Known limitation: per-phase peaks restart MemTracker's running peak at every phase
+    """`cuda_kernels`: a simulated step on CUDA's kernels takes CUDA's path as the probe does
+    (planner.probe.memtracker: the autograd engine's gradient sums in place, softmax backward's
+    temporary, dropout's mask first), calibrated and watched from `track` to `end`.
+    Known limitation: per-phase peaks restart MemTracker's running peak at every phase
     boundary through its private `_peak_mem` / `_peak_mem_snap` (torch 2.13); the overall
     peak is the largest phase peak, and its snapshot the breakdown."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuda_kernels: bool = False) -> None:
+        self._cuda_kernels = cuda_kernels
+        self._watching = None  # planner.probe.accumulation.watching_backward, while tracking
         self._tracker = None
         self._optimizer = None
         self._segments: list[tuple[Phase, int, dict]] = []
@@ -63,10 +68,17 @@ class MemTrackerProbe:
         self.result: StepMeasurement | None = None
 
     def track(self, model: torch.nn.Module, optimizer) -> None:
+        from planner.probe.accumulation import InputBufferSums, watching_backward
         from planner.probe.memtracker import TrainableMemTracker
 
         self._optimizer = optimizer
-        self._tracker = TrainableMemTracker()
+        sums = None
+        if self._cuda_kernels:
+            sums = InputBufferSums()
+            sums.calibrate()  # under the simulation's modes, before the tracker's
+            self._watching = watching_backward(sums)
+            self._watching.__enter__()
+        self._tracker = TrainableMemTracker(sums)
         self._tracker.track_external(model, optimizer)
         self._tracker.__enter__()
 
@@ -101,9 +113,16 @@ class MemTrackerProbe:
             self._tracker.release_grad_hooks()
         self._restart_peak()
 
+    def close(self) -> None:
+        """Put torch.autograd.backward back (CUDA's path); also after a step that failed."""
+        if self._watching is not None:
+            self._watching.__exit__(None, None, None)
+            self._watching = None
+
     def end(self) -> StepMeasurement:
         wall = time.perf_counter() - self._started
         self._tracker.__exit__(None, None, None)
+        self.close()
         phase, _, snapshot = max(self._segments, key=lambda segment: segment[1])
         phase_peaks: dict[Phase, int] = {}
         for segment_phase, total, _ in self._segments:
@@ -179,6 +198,12 @@ class CudaProbe:
         # The reset below restarts the reserved peak too: keep the step's highest.
         self._reserved_peak = max(self._reserved_peak, torch.cuda.max_memory_reserved())
         torch.cuda.reset_peak_memory_stats()
+
+    def close(self) -> None:
+        """Put torch.autograd.backward back (CUDA's path); also after a step that failed."""
+        if self._watching is not None:
+            self._watching.__exit__(None, None, None)
+            self._watching = None
 
     def end(self) -> StepMeasurement:
         torch.cuda.synchronize()

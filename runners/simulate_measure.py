@@ -45,9 +45,12 @@ def simulate_step(config: dict, scenario_values: dict, gpu=None, steps: int = 2,
     batches = fake_batches(real_batches, fake_mode)
     optimizer = _optimizer_for(request, scenario, model)
     fake_quantile_maps(optimizer, fake_mode)
-    probe = MemTrackerProbe()
-    with simulation(fake_mode, gpu) as choices:
-        _train(request, scenario, model, optimizer, batches, probe, cpu=True, on_step=lambda step, steps: None)
+    probe = MemTrackerProbe(cuda_kernels=gpu is not None)
+    try:
+        with simulation(fake_mode, gpu) as choices:
+            _train(request, scenario, model, optimizer, batches, probe, cpu=True, on_step=lambda step, steps: None)
+    finally:
+        probe.close()
     if probe.result is None:
         raise RuntimeError("the measured step never ran")
     measured = probe.result.to_json()

@@ -93,9 +93,9 @@ def test_expandable_segments_make_a_fragmenting_plan_fit(gpt2):
     # The replay behind the verdict is the allocator model's own, run on the same events.
     scenario = _plan(cuda_alloc_conf=EXPANDABLE)
     result = estimate(gpt2, scenario)
-    blocks = tuple(item.bytes for item in device_overheads(Device.CUDA, RTX_4090, None).allocator_items)
+    workspaces = tuple(item.bytes for item in device_overheads(Device.CUDA, RTX_4090, None).allocator_items)
     prefix, step = training_events(gpt2, scenario, probe_table(gpt2, scenario),
-                                   step_temporaries_bytes=result.phases[-1].temporaries, allocator_blocks=blocks)
+                                   step_temporaries_bytes=result.phases[-1].temporaries, cublas_workspaces=workspaces)
     direct = replay(step, prefix=prefix, repeats=2, expandable_segments=True,
                     capacity_bytes=expandable.usable_capacity_bytes)
     assert direct.peak_reserved_bytes == expandable.reserved_peak_bytes

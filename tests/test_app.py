@@ -93,11 +93,13 @@ def test_default_render_shows_the_estimate_and_a_verdict():
     assert verdict_text(at).startswith("Fits")
     # On CUDA the context is outside the allocator and the cuBLAS workspaces inside it
     # (planner.cuda_overheads); the margin is what the caching allocator, replayed on the step
-    # with those workspaces within the usable capacity, leaves of it (planner.reserved).
+    # with those workspaces (made at each thread's first matmul) within the usable capacity,
+    # leaves of it (planner.reserved).
     overheads = cuda_overheads(GPUS[GPU_PRESET_KEYS[DEFAULTS["gpu_preset"]]])
     usable = capacity - overheads.total_bytes
     shape = load_model_shape(DEFAULTS["catalog_model"], result.scenario.task, result.scenario.num_labels)
-    replayed = replayed_step(shape, result, tuple(i.bytes for i in overheads.allocator_items), usable)
+    replayed = replayed_step(shape, result, (), usable,
+                             cublas_workspaces=tuple(i.bytes for i in overheads.allocator_items))
     assert not replayed.out_of_memory
     assert replayed.peak_reserved_bytes >= result.peak_bytes + overheads.allocator_bytes
     margin = next(m.value for m in at.metric if m.label == "Margin")
@@ -167,9 +169,9 @@ def test_custom_capacity_below_the_peak_does_not_fit():
     # step would reserve with room to spare, less the usable capacity.
     overheads = cuda_overheads(None)
     shape = load_model_shape(DEFAULTS["catalog_model"], result.scenario.task, result.scenario.num_labels)
-    blocks = tuple(i.bytes for i in overheads.allocator_items)
-    assert replayed_step(shape, result, blocks, GIB - overheads.total_bytes).out_of_memory
-    short = replayed_step(shape, result, blocks).peak_reserved_bytes - (GIB - overheads.total_bytes)
+    workspaces = tuple(i.bytes for i in overheads.allocator_items)
+    assert replayed_step(shape, result, (), GIB - overheads.total_bytes, cublas_workspaces=workspaces).out_of_memory
+    short = replayed_step(shape, result, (), cublas_workspaces=workspaces).peak_reserved_bytes - (GIB - overheads.total_bytes)
     assert f"by {short / GIB:,.2f} GiB" in verdict_text(at)
     margin = next(m.value for m in at.metric if m.label == "Margin")
     assert margin == f"{-short / GIB:+,.2f} GiB"

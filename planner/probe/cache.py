@@ -31,8 +31,11 @@ SHIPPED_DIR = Path(__file__).resolve().parents[1] / "catalog" / "probes"
 PROBE_FORMAT = 3
 # CUDA-kernel classes moved on alone: format 4 keeps the sizes CUDA's memory-efficient attention
 # rounds up (a ceil32(s) log-sum-exp, masks padded to ceil8(s) columns; planner.probe.table),
-# which format 3 held at their probe-size values (32, or no table at all).
-CUDA_PROBE_FORMAT = 4
+# which format 3 held at their probe-size values (32, or no table at all). Format 5 takes CUDA's
+# path where a fake kernel does not: input-buffer gradient sums in place as a real run makes
+# them (planner.probe.accumulation), and the storages cuBLAS and column reductions make marked
+# for the allocator's replay (planner.probe.recorder, planner.reserved).
+CUDA_PROBE_FORMAT = 5
 _MEMORY: dict[tuple[str, str], ProbeTable | str] = {}  # a str is why the probe cannot run
 # Per thread: progress sinks (each dashboard session probes on its own script thread and shows
 # only its own probe's lines), and whether probing is held back (stored_only).

@@ -53,7 +53,8 @@ Known limitations: the selection reads torch 2.13's rules from source; the sourc
 pytorch main at 001f694 (sdp_utils.cpp) with torch 2.13.0's installed sdp_utils_cpp.h,
 and where main has moved past 2.13 (memory-efficient GQA) the 2.13 rule is kept.
 FlashAttention-3 (opt-in, `userEnabledFA3SDP`), nested tensors and ROCm are not modelled.
-None of it has been measured on a GPU (scripts/check_fake_cuda_on_gpu.py is the check).
+Whole steps were recorded on an H200 under torch 2.11 (docs/cuda_kernels.md, sections 4 and
+4b): what else CUDA's path does is taken by planner.probe.memtracker and planner.probe.recorder.
 """
 
 from __future__ import annotations

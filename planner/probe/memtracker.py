@@ -24,6 +24,19 @@ the Trainer run measured 122,896 B above a plain Trainer run). The handles are k
 removed before the next micro-batch (`reset_mod_stats`, after the previous backward has run
 its hooks), when the caller says a backward has ended (`release_grad_hooks`: the verification
 runs, before the optimizer step) and when tracking ends.
+On CUDA's kernels (`cuda_path`, a calibrated planner.probe.accumulation.InputBufferSums: a
+CUDA probe, a simulated CUDA step) the tracked step takes CUDA's path where torch's fake and
+CPU kernels take another:
+- the autograd engine's input-buffer sums are made in place where a real run makes them
+  (planner.probe.accumulation; the CPU runs measured with MemTracker keep the out-of-place
+  path that the tracker itself imposes, and so do the CPU tables);
+- softmax's backward (aten/src/ATen/native/cuda/SoftMax.cu, `softmax_backward_cuda_out`)
+  computes `Tensor tmp = grad * output;` after allocating its output and frees it on return:
+  one (b, h, s, s) temporary per eager-attention layer in backward (GPT-2 on an H200,
+  benchmarks/results/gpu_runs/2026-12-04-d/traces);
+- the dropout kernel (aten/src/ATen/native/cuda/Dropout.cu, `dropout`) allocates its bool
+  mask before its output, where the meta kernel returns the output first: the mask's storage
+  is made first.
 Known limitation: per-module peaks (MemTracker's `memory_tracking`) are not kept; the
 overall peak is.
 The probe's recorder, its step probe and the verification runs all measure with it.
@@ -33,13 +46,21 @@ from __future__ import annotations
 
 from copy import deepcopy
 
+import torch
 from torch.distributed._tools import mod_tracker
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
 
+from planner.probe.accumulation import ADD_IN_PLACE, InputBufferSums
+
+_aten = torch.ops.aten
+SOFTMAX_BACKWARD = _aten._softmax_backward_data.default
+NATIVE_DROPOUT = _aten.native_dropout.default
+
 
 class TrainableMemTracker(MemTracker):
-    def __init__(self) -> None:
+    def __init__(self, cuda_path: InputBufferSums | None = None) -> None:
         super().__init__()
+        self.cuda_path = cuda_path  # CUDA's kernel path (module doc), or None
         self._grad_hook_handles: list = []  # ModTracker's multi-grad hooks (module doc)
         self._register_multi_grad_hook = None  # torch's, while ours stands in for it
 
@@ -62,6 +83,31 @@ class TrainableMemTracker(MemTracker):
             mod_tracker.register_multi_grad_hook = self._register_multi_grad_hook
             self._register_multi_grad_hook = None
             self.release_grad_hooks()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        sums = self.cuda_path
+        if sums is None:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        if sums.is_buffer_sum(func) and sums.in_place(args[0], args[1]):
+            result = super().__torch_dispatch__(ADD_IN_PLACE, types, args, kwargs)
+            torch.autograd.graph.increment_version(result)  # as the real add_ does
+            return result
+        if func is NATIVE_DROPOUT:
+            def mask_first(*a, **k):
+                output, mask = func(*a, **k)
+                return mask, output
+            mask, output = super().__torch_dispatch__(mask_first, types, args, kwargs)
+            return output, mask
+        if func is SOFTMAX_BACKWARD:
+            result = super().__torch_dispatch__(func, types, args, kwargs)
+            scratch = super().__torch_dispatch__(_aten.mul.Tensor, types, (args[0], args[1]), {})
+            del scratch  # CUDA's `tmp = grad * output`, freed when the kernel returns (module doc)
+            return result
+        return self._dispatch_on_cuda(func, types, args, kwargs)
+
+    def _dispatch_on_cuda(self, func, types, args, kwargs):
+        """Any other op on CUDA's path (a subclass marks what it makes)."""
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
     def reset_mod_stats(self) -> None:
         super().reset_mod_stats()

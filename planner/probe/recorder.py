@@ -7,9 +7,21 @@ and the shape of the tensor that created it, and each addition, deletion or cate
 change while recording is on becomes one `Event` labelled with where the step is (micro-
 batch, forward or backward, and the block being run, read from MemTracker's ModTracker).
 
+On CUDA's kernels (a probe for a CUDA plan) the step takes CUDA's path
+(planner.probe.memtracker: gradient sums in place, softmax backward's temporary, dropout's
+mask first), and the recorder also writes down, on the storage an op made, what the real
+kernel makes beside its outputs that no allocation of the probe stands for: which storages
+a cuBLAS routine made (the caching allocator gives each thread's cuBLAS workspace at its
+first such call: planner.reserved places it there) and, for a reduction over leading
+dimensions of a contiguous tensor (a bias's gradient: `sum_to` over the tokens), its rows
+and columns (its launch takes a workspace for as long as it runs when it splits the rows
+across blocks: planner.cuda_reduction, whose size is not a polynomial in b and s).
+
 Known limitations: a storage larger than the tensor that created it (an op returning a
 view of a fresh buffer) or a resized storage has no shape-derived size; the recording is
-marked `unsized` and the solver refuses it rather than guessing.
+marked `unsized` and the solver refuses it rather than guessing. Reductions of other
+shapes (over the last dimension, or over all elements) are not marked: their kernels reduce
+within a block, or their workspace is a few bytes.
 """
 
 from __future__ import annotations
@@ -19,10 +31,37 @@ import re
 import weakref
 from dataclasses import dataclass, field
 
+import torch
 from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.mem_tracker import _UpdateType
 
+from planner.probe.accumulation import InputBufferSums
 from planner.probe.memtracker import TrainableMemTracker
+
+_aten = torch.ops.aten
+# ATen operators that run a cuBLAS or cuBLASLt routine on CUDA (aten/src/ATen/cuda/CUDABlas.cpp
+# callers in native/cuda/Blas.cpp); `linear` and `matmul` reach the device as these.
+CUBLAS_OPS = frozenset({_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm, _aten.addbmm, _aten.addmv, _aten.mv,
+                        _aten.dot, _aten.vdot, _aten._addmm_activation, _aten._scaled_mm, _aten._int_mm})
+# Reductions whose CUDA kernel is Reduce.cuh's `gpu_reduce_kernel` (planner.cuda_reduction).
+COLUMN_REDUCTIONS = frozenset({_aten.sum.dim_IntList, _aten.mean.dim})
+
+
+def column_reduction_shape(func, args, kwargs) -> tuple[int, int, int] | None:
+    """(rows, columns, accumulator bytes) of a reduction over leading dimensions of a
+    contiguous floating-point tensor (the rows reduced, the columns kept), else None."""
+    if func not in COLUMN_REDUCTIONS or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    tensor = args[0]
+    dims = args[1] if len(args) > 1 else (kwargs or {}).get("dim")
+    if not tensor.is_floating_point() or tensor.dim() < 2 or not tensor.is_contiguous() or not dims:
+        return None
+    reduced = sorted({d % tensor.dim() for d in dims})
+    if reduced != list(range(len(reduced))) or len(reduced) == tensor.dim():
+        return None
+    rows = math.prod(tensor.shape[:len(reduced)])
+    accumulator = 8 if tensor.dtype == torch.float64 else 4  # acc_type: float for fp32, bf16 and fp16
+    return rows, tensor.numel() // max(rows, 1), accumulator
 
 # MemTracker's reference types, in the planner's category vocabulary (runners.probes too).
 CATEGORY = {"Parameter": "weights", "Buffer": "weights", "Gradient": "gradients", "Optstate": "optimizer_state",
@@ -56,16 +95,24 @@ class Recording:
     rounded: dict[int, tuple[int, str]] = field(default_factory=dict)
     # parameters (the probed model's names) the step leaves without a gradient
     no_gradient: list[str] = field(default_factory=list)
+    # CUDA probes (module doc): storages a cuBLAS routine made, and storage -> (rows, columns,
+    # accumulator bytes) of a column reduction's output
+    cublas: list[int] = field(default_factory=list)
+    column_reductions: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
 
 class Recorder(TrainableMemTracker):
     """MemTracker that writes down its updates (see the module docstring)."""
 
-    def __init__(self, recording: Recording, stacks: tuple[tuple[str, int], ...]) -> None:
+    def __init__(self, recording: Recording, stacks: tuple[tuple[str, int], ...],
+                 cuda_path: InputBufferSums | None = None) -> None:
         """`stacks`: (ModuleList of blocks, number of its first block), in the order they run;
-        an encoder-decoder's decoder block 0 is numbered on from its encoder's last."""
-        super().__init__()
+        an encoder-decoder's decoder block 0 is numbered on from its encoder's last.
+        `cuda_path` (a calibrated InputBufferSums, on CUDA's kernels): the step takes CUDA's
+        path (planner.probe.memtracker), and what cuBLAS and column reductions make is marked."""
+        super().__init__(cuda_path)
         self.recording = recording
+        self._making: tuple | None = None  # what the op being dispatched is, for its new storages
         self._stacks = tuple((re.compile(re.escape(prefix) + r"\.(\d+)$"), first) for prefix, first in stacks)
         # Storages the tracker will first see through a view (note_inputs, note_rounded):
         # storage -> (shape, element size) of the tensor that made it.
@@ -81,6 +128,15 @@ class Recorder(TrainableMemTracker):
     def _update_peak_stats(self, peak_state) -> None:
         # The events are the record: no running peak is read from a recorder.
         pass
+
+    def _dispatch_on_cuda(self, func, types, args, kwargs):
+        packet = getattr(func, "overloadpacket", None)
+        reduction = column_reduction_shape(func, args, kwargs)
+        self._making = ("cublas",) if packet in CUBLAS_OPS else ("reduction", reduction) if reduction else None
+        try:
+            return super()._dispatch_on_cuda(func, types, args, kwargs)
+        finally:
+            self._making = None
 
     def _update_and_maybe_create_winfos(self, t, reftype, update_existing=False):
         winfos = super()._update_and_maybe_create_winfos(t, reftype, update_existing)
@@ -149,6 +205,11 @@ class Recorder(TrainableMemTracker):
             self.recording.sizes.append((None, winfo.element_size, winfo.mem_consumed))
             category = CATEGORY[winfo.reftype.value]
             self._alive[key] = (index, category)
+            if self._making is not None:
+                if self._making[0] == "cublas":
+                    self.recording.cublas.append(index)
+                else:
+                    self.recording.column_reductions[index] = self._making[1]
             self._emit(index, +1, category)
         elif u_type == _UpdateType.DEL:
             if key not in self._alive:

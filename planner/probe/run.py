@@ -195,45 +195,53 @@ def _trainer_loss(model, batch):
 
 
 def _record(model, accelerator, fake, stacks: tuple[tuple[str, int], ...], scenario: Scenario, batches: list[dict], gpu=None) -> Recording:
-    """One probe: the step of `scenario`'s loop on `batches` (previous step's last, then two)."""
+    """One probe: the step of `scenario`'s loop on `batches` (previous step's last, then two).
+    On CUDA's kernels (`gpu`) the step takes CUDA's path where a fake kernel would not
+    (planner.probe.recorder, planner.probe.accumulation)."""
+    from planner.probe.accumulation import InputBufferSums, watching_backward
     from planner.probe.fake_cuda import rounded_sizes_to
     from planner.probe.fake_mode import simulation
 
     recording = Recording(scenario.batch_size, scenario.seq_len)
-    recorder = Recorder(recording, stacks)
+    sums = InputBufferSums() if gpu is not None else None
+    recorder = Recorder(recording, stacks, sums)
     recorder.track_external(model)
     recorder.note_inputs(t for batch in batches for t in batch.values())
     lessons_loop = scenario.engine is Engine.ACCELERATE
-    with (simulation(fake, gpu) if fake is not None else contextlib.nullcontext(), recorder,
-          rounded_sizes_to(recorder.note_rounded), warnings.catch_warnings()):
+
+    with simulation(fake, gpu) if fake is not None else contextlib.nullcontext(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        outputs = None
-        if lessons_loop:
-            # The previous step's last micro-batch: its outputs outlive its backward.
-            outputs = model(**batches[0])
-            accelerator.backward(outputs.loss)
-            model.zero_grad(set_to_none=True)
-        recorder.start()
-        for micro_batch, batch in enumerate(batches[1:]):
-            recorder.reset_mod_stats()
-            recorder.micro_batch, recorder.backward = micro_batch, False
+        if sums is not None:
+            sums.calibrate()  # under the same modes, before the recorder sees anything
+        with (recorder, rounded_sizes_to(recorder.note_rounded),
+              watching_backward(sums) if sums is not None else contextlib.nullcontext()):
+            outputs = None
             if lessons_loop:
-                outputs = model(**batch)
-                loss = outputs.loss
-            else:
-                loss = _trainer_loss(model, batch)
-            recorder.backward = True
-            accelerator.backward(loss)
-            del loss
-        recorder.on = False
-        del outputs
-        # Full fine-tuning's optimizer takes every parameter and keeps state for those with a
-        # gradient; one built frozen (RoFormer's sinusoidal position table) has none. Adapters'
-        # optimizers take the trainable tensors only.
-        recording.no_gradient = [name for name, parameter in model.named_parameters()
-                                 if parameter.grad is None and (parameter.requires_grad
-                                                                or not scenario.finetune.uses_adapters)]
-        model.zero_grad(set_to_none=True)
+                # The previous step's last micro-batch: its outputs outlive its backward.
+                outputs = model(**batches[0])
+                accelerator.backward(outputs.loss)
+                model.zero_grad(set_to_none=True)
+            recorder.start()
+            for micro_batch, batch in enumerate(batches[1:]):
+                recorder.reset_mod_stats()
+                recorder.micro_batch, recorder.backward = micro_batch, False
+                if lessons_loop:
+                    outputs = model(**batch)
+                    loss = outputs.loss
+                else:
+                    loss = _trainer_loss(model, batch)
+                recorder.backward = True
+                accelerator.backward(loss)
+                del loss
+            recorder.on = False
+            del outputs
+            # Full fine-tuning's optimizer takes every parameter and keeps state for those with a
+            # gradient; one built frozen (RoFormer's sinusoidal position table) has none. Adapters'
+            # optimizers take the trainable tensors only.
+            recording.no_gradient = [name for name, parameter in model.named_parameters()
+                                     if parameter.grad is None and (parameter.requires_grad
+                                                                    or not scenario.finetune.uses_adapters)]
+            model.zero_grad(set_to_none=True)
     return recording
 
 

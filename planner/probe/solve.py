@@ -183,6 +183,24 @@ def _check_aligned(recordings: list[Recording]) -> None:
     for recording in recordings:
         if recording.unsized:
             raise ProbeUnsupported(recording.unsized[0])
+    if any(r.cublas != first.cublas or r.column_reductions.keys() != first.column_reductions.keys()
+           for r in recordings[1:]):
+        raise ProbeUnsupported("the model runs different CUDA kernels at different batch or sequence sizes")
+
+
+def _column_reductions(recordings: list[Recording]) -> tuple[tuple[int, Poly, Poly, int], ...]:
+    """Each column reduction's rows and columns as polynomials in b and s (one dimension
+    formula each, as a tensor dimension's), and its accumulator bytes."""
+    sizes = tuple((r.batch_size, r.seq_len) for r in recordings)
+    out = []
+    for index in sorted(recordings[0].column_reductions):
+        shapes = [r.column_reductions[index] for r in recordings]
+        if len({accumulator for _, _, accumulator in shapes}) != 1:
+            raise ProbeUnsupported("a reduction's accumulator differs between probes")
+        rows = _dimension_formula(tuple(rows for rows, _, _ in shapes), sizes)
+        cols = _dimension_formula(tuple(cols for _, cols, _ in shapes), sizes)
+        out.append((index, _frozen(rows), _frozen(cols), shapes[0][2]))
+    return tuple(out)
 
 
 def _made(groups: dict, live_at_start) -> tuple[dict, dict]:
@@ -204,7 +222,8 @@ def _made(groups: dict, live_at_start) -> tuple[dict, dict]:
     return made, freed_in
 
 
-def _trace(recording: Recording, polys: list[dict], variants: dict[str, list], made: dict) -> ProbeTrace:
+def _trace(recording: Recording, polys: list[dict], variants: dict[str, list], made: dict,
+           reductions: tuple = ()) -> ProbeTrace:
     """The allocation order for the allocator's replay (planner.probe.table.ProbeTrace): of
     each storage only its allocation (first +1, unless alive at the start) and its free (last
     -1, when it does not outlive the recording); a category change (-1 then +1) moves no byte."""
@@ -231,7 +250,8 @@ def _trace(recording: Recording, polys: list[dict], variants: dict[str, list], m
         gradients=tuple(sorted(i for i, n in net.items() if n > 0 and category.get(i) == "gradients")),
         makers=tuple(makers), ordinals=tuple(ordinals),
         events={name: tuple((event.index, event.sign, weight) for event, weight in entries if id(event) in real)
-                for name, entries in variants.items()})
+                for name, entries in variants.items()},
+        cublas=tuple(sorted(set(recording.cublas))), column_reductions=reductions)
 
 
 def _segment_events(groups: dict, layout: Layout, live_at_start) -> dict[str, list]:
@@ -339,7 +359,8 @@ def solve(recordings: list[Recording], layout: Layout, key: str, on_real_tensors
     variants = _segment_events(groups, layout, recordings[0].live_at_start)
     for name, variant in variants.items():
         segments[name] = _segment(variant, polys)
-    trace = _trace(recordings[0], polys, variants, _made(groups, recordings[0].live_at_start)[0])
+    trace = _trace(recordings[0], polys, variants, _made(groups, recordings[0].live_at_start)[0],
+                   _column_reductions(recordings))
     return ProbeTable(key=key, num_layers=layout.num_layers, stands_for=layout.stands_for,
                       initial=tuple(_frozen(p) for p in initial), segments=segments, order=order,
                       on_real_tensors=on_real_tensors, trace=trace,

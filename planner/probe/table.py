@@ -83,6 +83,11 @@ class ProbeTrace:
     makers: tuple[int, ...]  # per storage: the probed block that made it in the step, -1 if none
     ordinals: tuple[int, ...]  # per storage: its rank among what its maker made in its micro:direction
     events: dict[str, tuple[tuple[int, int, int], ...]]  # segment name -> (storage, sign, weight)
+    # On CUDA's kernels (planner.probe.recorder): the storages a cuBLAS routine made, and per
+    # column reduction's output storage its rows and columns (polynomials in b and s, in
+    # elements) and its accumulator's bytes. Empty for a CPU table.
+    cublas: tuple[int, ...] = ()
+    column_reductions: tuple[tuple[int, Poly, Poly, int], ...] = ()
 
     def to_json(self) -> dict:
         # Compact: distinct polynomials once; an event is one int (i: allocate, ~i: free),
@@ -108,6 +113,11 @@ class ProbeTrace:
                 "unmade": unmade}
         if _makers(self.events, len(self.polys), unmade) != (self.makers, self.ordinals):
             data["makers"], data["ordinals"] = list(self.makers), list(self.ordinals)  # kept as they are
+        if self.cublas:
+            data["cublas"] = list(self.cublas)
+        if self.column_reductions:
+            data["column_reductions"] = [[index, [list(t) for t in rows], [list(t) for t in cols], accumulator]
+                                         for index, rows, cols, accumulator in self.column_reductions]
         return data
 
     @classmethod
@@ -123,9 +133,12 @@ class ProbeTrace:
             makers, ordinals = tuple(int(i) for i in data["makers"]), tuple(int(i) for i in data["ordinals"])
         else:
             makers, ordinals = _makers(events, len(polys), data.get("unmade", {}))
+        reductions = tuple((int(index), tuple(tuple(int(v) for v in t) for t in rows),
+                            tuple(tuple(int(v) for v in t) for t in cols), int(accumulator))
+                           for index, rows, cols, accumulator in data.get("column_reductions", ()))
         return cls(polys=polys, initial=tuple(int(i) for i in data["initial"]),
                    gradients=tuple(int(i) for i in data["gradients"]), makers=makers, ordinals=ordinals,
-                   events=events)
+                   events=events, cublas=tuple(int(i) for i in data.get("cublas", ())), column_reductions=reductions)
 
 
 def _makers(events: dict, count: int, unmade: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:

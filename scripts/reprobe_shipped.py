@@ -1,0 +1,132 @@
+"""Probe again, under the current CUDA probe format, every CUDA class the shipped tables hold
+under an older one (planner/catalog/probes/), and drop the old entries.
+
+When what a CUDA probe records changes (planner.probe.cache.CUDA_PROBE_FORMAT), the shipped
+CUDA tables are no longer read; this rebuilds exactly the classes that were shipped, read back
+from their keys (planner.probe.cache.technique_key: task, labels, precision, checkpointing,
+attention, engine, window, batch 1, target length, adapters), for the catalog model whose
+config digest names the file. CPU classes and optimizer steps are left as they are.
+
+    python scripts/reprobe_shipped.py [--part K/N] [--from-format F] [--containing TEXT]
+
+`--part K/N` takes every N-th file from the K-th (0-based), so that N processes can share the
+work, each writing only its own files (a few seconds per class; 1,032 classes took about
+N x 45 minutes on two cores with N = 2). Progress is printed per file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from planner.catalog import catalog_config, catalog_entries  # noqa: E402
+from planner.config_task import config_task  # noqa: E402
+from planner.loading import load_model_shape  # noqa: E402
+from planner.probe import cache  # noqa: E402
+from planner.scenario import scenario_from_values  # noqa: E402
+
+PROBED_SEQ_LEN = 8  # scripts/build_probe_tables.py: classes are probed at 8 tokens, or at the window
+
+
+def models_by_digest() -> dict[str, list[tuple[str, object]]]:
+    """Table file digest -> (catalog name, model shape) for each task the catalog ships it under."""
+    found: dict[str, list[tuple[str, object]]] = {}
+    for name, entry in catalog_entries().items():
+        tasks = [entry.default_task]
+        own = config_task(catalog_config(name))
+        if own is not None and own.task not in tasks:
+            tasks.append(own.task)
+        for task in tasks:
+            shape = load_model_shape(name, task)
+            found.setdefault(cache.config_digest(shape), []).append((name, shape))
+    return found
+
+
+def scenario_of(key: str, shape):
+    """The scenario a shipped CUDA key was probed for (its inverse: cache.technique_key)."""
+    parts = key.split("|")
+    task, labels, precision, checkpointing, attention, engine, window = parts[:7]
+    values = dict(task=task, num_labels=int(labels.split("=")[1]) or 2, precision=precision,
+                  gradient_checkpointing=checkpointing == "checkpointing", attn=attention, engine=engine,
+                  device="cuda", batch_size=1 if "batch-1" in parts else 2,
+                  seq_len=shape.sliding_window if window == "window-reached" else PROBED_SEQ_LEN)
+    for part in parts[7:]:
+        if part.startswith("target="):
+            values["target_len"] = int(part.split("=")[1])
+        elif part.startswith(("lora:", "qlora:")):
+            method, *fields = part.split(":")
+            settings = dict(field.split("=", 1) for field in fields)
+            values.update(finetune=method, lora_r=int(settings["r"]),
+                          lora_dropout=0.05 if settings["dropout"] == "on" else 0.0, lora_targets=settings["targets"])
+        elif part.startswith("4bit="):
+            kind, double = part.split(":")[:2]
+            values.update(quant_type=kind.split("=")[1], double_quant=double.split("=")[1] == "on")
+    return scenario_from_values(**values)
+
+
+def reprobe(path: Path, shapes: list, old_format: int, containing: str = "") -> tuple[int, int]:
+    """(re-probed, dropped) classes of one shipped file (those whose key contains `containing`)."""
+    tables = cache._read(path)
+    old = [key for key in tables
+           if "|cuda-kernels=" in key and f"|probe-format={old_format}|" in key and containing in key]
+    if old and old_format == cache.CUDA_PROBE_FORMAT:
+        # The same keys: a shipped entry would be read back instead of probed (cache.probe_table
+        # looks there), so they leave the file first.
+        cache.write_tables({key: entry for key, entry in tables.items() if key not in old}, path)
+    done = 0
+    for key in old:
+        for name, shape in shapes:
+            scenario = scenario_of(key, shape)
+            new_key = cache.technique_key(shape, scenario)
+            if new_key == key.replace(f"probe-format={old_format}", f"probe-format={cache.CUDA_PROBE_FORMAT}"):
+                break
+        else:
+            print(f"  {path.name}: no catalog model and scenario give {key}: dropped", flush=True)
+            continue
+        table = cache.probe_table(shape, scenario)
+        if isinstance(table, str):
+            cache.store_unsupported(new_key, table, path)
+        else:
+            cache.store(table, path)
+        done += 1
+    if old_format == cache.CUDA_PROBE_FORMAT:
+        return done, 0  # probed again under the same keys: stored over the old entries
+    tables = cache._read(path)
+    kept = {key: entry for key, entry in tables.items() if key not in old}
+    cache.write_tables(kept, path)
+    return done, len(tables) - len(kept)
+
+
+def main() -> int:
+    os.environ["PLANNER_DATA_DIR"] = tempfile.mkdtemp(prefix="planner-reprobe-")  # probe afresh
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", default="0/1", help="K/N: every N-th file from the K-th")
+    parser.add_argument("--from-format", type=int, default=cache.CUDA_PROBE_FORMAT - 1,
+                        help="the format to probe again (the current one: probe its entries again in place)")
+    parser.add_argument("--containing", default="", help="only the classes whose key contains this text")
+    args = parser.parse_args()
+    k, n = (int(x) for x in args.part.split("/"))
+    by_digest = models_by_digest()
+    files = sorted(cache.SHIPPED_DIR.glob("*.json"))[k::n]
+    started = time.perf_counter()
+    for number, path in enumerate(files, start=1):
+        shapes = by_digest.get(path.stem)
+        if shapes is None:
+            print(f"[{number}/{len(files)}] {path.name}: no catalog model: left as it is", flush=True)
+            continue
+        begun = time.perf_counter()
+        done, dropped = reprobe(path, shapes, args.from_format, args.containing)
+        print(f"[{number}/{len(files)}] {shapes[0][0]}: {done} classes probed again, {dropped} old entries dropped, "
+              f"{time.perf_counter() - begun:.0f} s ({time.perf_counter() - started:.0f} s in all)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
