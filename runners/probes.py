@@ -199,12 +199,6 @@ class CudaProbe:
         self._reserved_peak = max(self._reserved_peak, torch.cuda.max_memory_reserved())
         torch.cuda.reset_peak_memory_stats()
 
-    def close(self) -> None:
-        """Put torch.autograd.backward back (CUDA's path); also after a step that failed."""
-        if self._watching is not None:
-            self._watching.__exit__(None, None, None)
-            self._watching = None
-
     def end(self) -> StepMeasurement:
         torch.cuda.synchronize()
         wall = time.perf_counter() - self._started

@@ -20,12 +20,13 @@ engine's current one (`torch._C._current_autograd_node()`) is an input-buffer su
 node's own arithmetic. It is turned into `add_` when the real condition holds for the fake
 tensor: the fake step holds the same references a real one does (the buffer's, and any view
 base or other consumer still pending), so its use counts, less what dispatching itself adds
-(measured once per run, `calibrate`, on a sum the engine makes in place), tell it. Nodes created during
-backward (a reentrant checkpoint's inner graph) have no hook: their sums stay out of place,
-an upper bound.
+(measured once per run, `calibrate`, on a sum the engine makes in place), tell it.
+`watching_backward` hooks the graph of every `torch.autograd.backward` call, a reentrant
+checkpoint's inner backward included.
 
-Only CUDA probes take this path (planner.probe.run): CPU runs are measured with MemTracker,
-under which a real CPU step also sums out of place, and the CPU tables keep that path.
+Only CUDA probes and simulated CUDA steps take this path (planner.probe.run,
+runners.probes.MemTrackerProbe): CPU runs are measured with MemTracker, under which a real
+CPU step also sums out of place, and the CPU tables keep that path.
 tests/test_probe_accumulation.py checks the decisions against the real engine's, sum by sum,
 on real CPU tensors with no mode active.
 """
