@@ -40,7 +40,7 @@ qwen2.5-0.5b, 25-30 s for llama-3.2-1b (its random initialisation on the CPU), a
 seconds more for the Trainer; the planner's estimates beside them (71 s for all of
 SCENARIOS on 2 cores with no shipped table, as on a machine whose torch is not the pinned
 one). The first 16 scenarios: about 3-4 minutes, the four added last (2-4B models) about 3 more
-(measured: 200 s on an H200), so a full run may leave some not started; the probe 10 s; the two
+(measured: 259 s in their child processes on an H200), so a full run may leave some not started; the probe 10 s; the two
 sub-checks about 20-40 s each. The guards keep the total under 8 minutes whatever
 happens: no scenario starts after 5 min 30 s, none runs past 7 min, each sub-check gets
 at most 60 s and none starts after 7 min 40 s.
