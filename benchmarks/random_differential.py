@@ -21,8 +21,13 @@ A CUDA estimate rounds each weight, gradient and optimizer state tensor up to th
 allocator's 512-byte blocks, which the simulated step does not: it reads up to 2 KiB per
 parameter tensor high (0.0001% on a 7B model).
 
+`--redo NAME[,NAME...]` replays the draws of the stored run of these --devices and measures again
+only the scenarios already drawn for these catalog models, in place (after a change that moves
+those models' measurements as well as their estimates: the table stays one run, with the models
+re-run and when named under it).
+
 Run: python benchmarks/random_differential.py [--count 300] [--seed S] [--max-params 8e9]
-[--devices cpu|cuda|cpu,cuda] [--resume]
+[--devices cpu|cuda|cpu,cuda] [--resume | --redo NAMES]
 """
 
 from __future__ import annotations
@@ -96,10 +101,18 @@ def main() -> None:
                         help="comma-separated devices to draw from: cpu (default), cuda, or cpu,cuda")
     parser.add_argument("--resume", action="store_true",
                         help="go on with the run of these --devices (its count, seed and size limit)")
+    parser.add_argument("--redo", default="",
+                        help="comma-separated catalog names: measure their drawn scenarios again, in place")
     args = parser.parse_args()
     devices = [d for d in DEVICES if d in args.devices.split(",")]
     if not devices or set(args.devices.split(",")) - set(DEVICES):
         parser.error(f"--devices takes {', '.join(DEVICES)} or both, comma-separated: not {args.devices!r}")
+    if args.redo:
+        unknown = set(args.redo.split(",")) - set(catalog_entries())
+        if unknown:
+            parser.error(f"--redo takes catalog names: not {', '.join(sorted(unknown))}")
+        redo(json.loads((RESULTS / f"{_stem(devices)}.json").read_text()), args.redo.split(","))
+        return
     state = {"count": args.count, "seed": args.seed, "max_params": args.max_params, "drawn": 0, "minutes": 0.0,
              "rows": [], "failures": [], "devices": devices}
     if args.resume:
@@ -126,6 +139,37 @@ def main() -> None:
         state["minutes"] += (time.perf_counter() - started) / 60
         started = time.perf_counter()
         _write(state)  # after every scenario: a stopped run keeps its rows and can --resume
+
+
+def redo(state: dict, names: list[str]) -> None:
+    """Measure again, in place, the drawn scenarios of the models `names` (module doc). The draws
+    are replayed from the run's seed; a draw is matched to its row, or to its failure, in order."""
+    state.setdefault("devices", ["cpu"])
+    rng = random.Random(state["seed"])
+    models = _models(state["max_params"])
+    failed = [[model, values] for model, values, _ in state["failures"]]
+    row = 0
+    redone = 0
+    print(f"seed {state['seed']}: measuring again the drawn scenarios of {', '.join(names)}", flush=True)
+    for index in range(1, state["drawn"] + 1):
+        model, mode, values = draw(rng, models, state["devices"])
+        if [model, values] in failed:
+            continue  # refused when drawn: stays listed as it was
+        if state["rows"][row]["model"] != model:
+            raise SystemExit(f"scenario {index} draws {model} where the stored run has "
+                             f"{state['rows'][row]['model']}: not the same run")
+        if model in names:
+            print(f"[{index}/{state['drawn']}] {model} ({mode.value}) {values}", flush=True)
+            before = state["rows"][row]["error_pct"]
+            state["rows"][row] = run_one(model, mode, dict(values))
+            redone += 1
+            print(f"    error {before:+.4f}% -> {state['rows'][row]['error_pct']:+.4f}% "
+                  f"in {state['rows'][row]['seconds']} s", flush=True)
+            _write(state)
+        row += 1
+    state.setdefault("redone", []).append({"models": names, "scenarios": redone,
+                                           "date": time.strftime("%Y-%m-%d")})
+    _write(state)
 
 
 def _state_exact(row: dict) -> bool:
@@ -159,7 +203,9 @@ def _write(state: dict) -> None:
              f"--max-params {state['max_params']:g}{devices_flag}` (then `--resume` until done): the first "
              f"{state['drawn']} of {state['count']} drawn scenarios, {state['minutes']:.0f} min on 2 CPU cores. "
              "Measured: MemTracker over one steady-state step (`simulate`: fake tensors; `cpu`: real tensors, "
-             "the Trainer's scenarios)" + cuda_note + ". Error = (estimated - measured) / measured.", "",
+             "the Trainer's scenarios)" + cuda_note + ". Error = (estimated - measured) / measured."
+             + "".join(f" Measured again on {r['date']} (`--redo`, {r['scenarios']} scenarios): "
+                       f"{', '.join(r['models'])}." for r in state.get("redone", [])), "",
              f"**{len(rows)} scenarios, {len(families)} model types ({', '.join(families)}), "
              f"{min(r['parameters'] for r in rows) / 1e6:,.0f}M to {max(r['parameters'] for r in rows) / 1e9:,.1f}B "
              f"parameters: median absolute peak error {statistics.median(errors):.4f}%, maximum {max(errors):.4f}%; "

@@ -1,16 +1,18 @@
-"""Probe again, under the current CUDA probe format, every CUDA class the shipped tables hold
-under an older one (planner/catalog/probes/), and drop the old entries.
+"""Probe again, under the current probe formats, every class (CPU and CUDA kernels) the shipped
+tables hold under an older one (planner/catalog/probes/), and drop the old entries.
 
-When what a CUDA probe records changes (planner.probe.cache.CUDA_PROBE_FORMAT), the shipped
-CUDA tables are no longer read; this rebuilds exactly the classes that were shipped, read back
-from their keys (planner.probe.cache.technique_key: task, labels, precision, checkpointing,
-attention, engine, window, batch 1, target length, adapters), for the catalog model whose
-config digest names the file. CPU classes and optimizer steps are left as they are.
+When what a probe records changes (planner.probe.cache.PROBE_FORMAT, CUDA_PROBE_FORMAT), the
+shipped tables are no longer read; this rebuilds exactly the classes that were shipped, read
+back from their keys (planner.probe.cache.technique_key: task, labels, precision, checkpointing,
+attention, engine, window, batch 1, target length, adapters, kernels), for the catalog model
+whose config digest names the file. Optimizer steps are left as they are. Classes that a format
+change leaves as they were can be carried over first without probing
+(scripts/carry_shipped_tables.py).
 
-    python scripts/reprobe_shipped.py [--part K/N] [--from-format F] [--containing TEXT]
+    python scripts/reprobe_shipped.py [--part K/N] [--only NAME] [--containing TEXT] [--again]
 
 `--part K/N` takes every N-th file from the K-th (0-based), so that N processes can share the
-work, each writing only its own files (a few seconds per class; 1,032 classes took about
+work, each writing only its own files (a few seconds per class; 1,032 CUDA classes took about
 N x 45 minutes on two cores with N = 2). Progress is printed per file.
 """
 
@@ -55,7 +57,7 @@ def scenario_of(key: str, shape):
     task, labels, precision, checkpointing, attention, engine, window = parts[:7]
     values = dict(task=task, num_labels=int(labels.split("=")[1]) or 2, precision=precision,
                   gradient_checkpointing=checkpointing == "checkpointing", attn=attention, engine=engine,
-                  device="cuda", batch_size=1 if "batch-1" in parts else 2,
+                  device="cuda" if "|cuda-kernels=" in key else "cpu", batch_size=1 if "batch-1" in parts else 2,
                   seq_len=shape.sliding_window if window == "window-reached" else PROBED_SEQ_LEN)
     for part in parts[7:]:
         if part.startswith("target="):
@@ -71,12 +73,21 @@ def scenario_of(key: str, shape):
     return scenario_from_values(**values)
 
 
-def reprobe(path: Path, shapes: list, old_format: int, containing: str = "") -> tuple[int, int]:
-    """(re-probed, dropped) classes of one shipped file (those whose key contains `containing`)."""
+def current_key(key: str) -> str:
+    """A class key under the current probe format of its kernels (CPU or CUDA)."""
+    wanted = cache.CUDA_PROBE_FORMAT if "|cuda-kernels=" in key else cache.PROBE_FORMAT
+    return "|".join(f"probe-format={wanted}" if part.startswith("probe-format=") else part
+                    for part in key.split("|"))
+
+
+def reprobe(path: Path, shapes: list, again: bool = False, containing: str = "") -> tuple[int, int]:
+    """(re-probed, dropped) classes of one shipped file: those under an older probe format, or
+    (`again`) those under the current one; only those whose key contains `containing`.
+    Optimizer-step entries are left as they are (their own format: cache.STEP_PROBE_FORMAT)."""
     tables = cache._read(path)
     old = [key for key in tables
-           if "|cuda-kernels=" in key and f"|probe-format={old_format}|" in key and containing in key]
-    if old and old_format == cache.CUDA_PROBE_FORMAT:
+           if not key.startswith("optimizer-step|") and (current_key(key) == key) == again and containing in key]
+    if again:
         # The same keys: a shipped entry would be read back instead of probed (cache.probe_table
         # looks there), so they leave the file first.
         cache.write_tables({key: entry for key, entry in tables.items() if key not in old}, path)
@@ -85,7 +96,7 @@ def reprobe(path: Path, shapes: list, old_format: int, containing: str = "") -> 
         for name, shape in shapes:
             scenario = scenario_of(key, shape)
             new_key = cache.technique_key(shape, scenario)
-            if new_key == key.replace(f"probe-format={old_format}", f"probe-format={cache.CUDA_PROBE_FORMAT}"):
+            if new_key == current_key(key):
                 break
         else:
             print(f"  {path.name}: no catalog model and scenario give {key}: dropped", flush=True)
@@ -96,7 +107,7 @@ def reprobe(path: Path, shapes: list, old_format: int, containing: str = "") -> 
         else:
             cache.store(table, path)
         done += 1
-    if old_format == cache.CUDA_PROBE_FORMAT:
+    if again:
         return done, 0  # probed again under the same keys: stored over the old entries
     tables = cache._read(path)
     kept = {key: entry for key, entry in tables.items() if key not in old}
@@ -108,8 +119,9 @@ def main() -> int:
     os.environ["PLANNER_DATA_DIR"] = tempfile.mkdtemp(prefix="planner-reprobe-")  # probe afresh
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", default="0/1", help="K/N: every N-th file from the K-th")
-    parser.add_argument("--from-format", type=int, default=cache.CUDA_PROBE_FORMAT - 1,
-                        help="the format to probe again (the current one: probe its entries again in place)")
+    parser.add_argument("--again", action="store_true",
+                        help="probe the classes under the current format again, in place (not the older ones)")
+    parser.add_argument("--only", default="", help="only the files of catalog models whose name contains this")
     parser.add_argument("--containing", default="", help="only the classes whose key contains this text")
     args = parser.parse_args()
     k, n = (int(x) for x in args.part.split("/"))
@@ -122,7 +134,9 @@ def main() -> int:
             print(f"[{number}/{len(files)}] {path.name}: no catalog model: left as it is", flush=True)
             continue
         begun = time.perf_counter()
-        done, dropped = reprobe(path, shapes, args.from_format, args.containing)
+        if args.only not in " ".join(name for name, _ in shapes):
+            continue
+        done, dropped = reprobe(path, shapes, args.again, args.containing)
         print(f"[{number}/{len(files)}] {shapes[0][0]}: {done} classes probed again, {dropped} old entries dropped, "
               f"{time.perf_counter() - begun:.0f} s ({time.perf_counter() - started:.0f} s in all)", flush=True)
     return 0

@@ -28,14 +28,19 @@ from planner.scenario import Checkpointing, Device, Engine, Scenario, Task
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "catalog" / "probes"
 # Bumped whenever what a probe records or how it is solved changes: older tables are not read.
-PROBE_FORMAT = 3
+PROBE_FORMAT = 4
 # CUDA-kernel classes moved on alone: format 4 keeps the sizes CUDA's memory-efficient attention
 # rounds up (a ceil32(s) log-sum-exp, masks padded to ceil8(s) columns; planner.probe.table),
 # which format 3 held at their probe-size values (32, or no table at all). Format 5 takes CUDA's
 # path where a fake kernel does not: input-buffer gradient sums in place as a real run makes
 # them (planner.probe.accumulation), and the storages cuBLAS and column reductions make marked
 # for the allocator's replay (planner.probe.recorder, planner.reserved).
-CUDA_PROBE_FORMAT = 5
+# CPU format 4 and CUDA format 6: the tracker's multi-gradient hooks keep no gradient
+# (planner.probe.memtracker); only models with a module whose inputs come from distinct autograd
+# nodes changed (scripts/carry_shipped_tables.py carried the others' shipped tables over).
+CUDA_PROBE_FORMAT = 6
+# The optimizer step's probe has its own: it runs no module forward, which format 4 changed.
+STEP_PROBE_FORMAT = 3
 _MEMORY: dict[tuple[str, str], ProbeTable | str] = {}  # a str is why the probe cannot run
 # Per thread: progress sinks (each dashboard session probes on its own script thread and shows
 # only its own probe's lines), and whether probing is held back (stored_only).
@@ -330,7 +335,7 @@ def step_key(shape: ModelShape, scenario: Scenario) -> str:
     # probe format 3; earlier entries for the Trainer are not read).
     engine = scenario.engine.value + ("+trainer-groups" if scenario.engine is Engine.TRAINER else "")
     return "|".join(["optimizer-step", scenario.task.value, f"labels={labels}", scenario.optimizer.value,
-                     scenario.precision.value, engine, *_finetune_parts(scenario), f"probe-format={PROBE_FORMAT}",
+                     scenario.precision.value, engine, *_finetune_parts(scenario), f"probe-format={STEP_PROBE_FORMAT}",
                      library_versions()])
 
 

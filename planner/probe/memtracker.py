@@ -24,6 +24,15 @@ the Trainer run measured 122,896 B above a plain Trainer run). The handles are k
 removed before the next micro-batch (`reset_mod_stats`, after the previous backward has run
 its hooks), when the caller says a backward has ended (`release_grad_hooks`: the verification
 runs, before the optimizer step) and when tracking ends.
+Those hooks are also made not to keep what they are given. In its "all" mode (the pre-forward
+hook's), torch's `register_multi_grad_hook` buffers each input's gradient until every input has
+one, then hands the list to ModTracker's pop function, which does not read it. A module whose
+inputs' gradients arrive at different times keeps the first ones alive: `BertOutput(hidden_states,
+input_tensor)` holds the FFN activation's (b, s, 4h) gradient through the FFN's first linear's
+backward, until the residual's gradient is complete; a real run (no tracker) has freed it
+(BERT-base on an H200 measured 0.82% below the probe: benchmarks/results/gpu_runs/2026-12-04-e,
+large request 344 of its record). `count_only_multi_grad_hook` calls the same function at the
+same moment with `None` for each gradient, keeping none.
 On CUDA's kernels (`cuda_path`, a calibrated planner.probe.accumulation.InputBufferSums: a
 CUDA probe, a simulated CUDA step) the tracked step takes CUDA's path where torch's fake and
 CPU kernels take another:
@@ -44,9 +53,11 @@ The probe's recorder, its step probe and the verification runs all measure with 
 
 from __future__ import annotations
 
+import threading
 from copy import deepcopy
 
 import torch
+from torch.autograd.graph import _get_grad_fn_or_grad_acc
 from torch.distributed._tools import mod_tracker
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker, _MemRefType
 
@@ -68,8 +79,11 @@ class TrainableMemTracker(MemTracker):
         if self._depth == 0:
             torch_register = mod_tracker.register_multi_grad_hook
 
-            def register_keeping_the_handle(*args, **kwargs):
-                handle = torch_register(*args, **kwargs)
+            def register_keeping_the_handle(tensors, fn, *, mode="all"):
+                if mode == "all":
+                    handle = count_only_multi_grad_hook(tensors, fn)
+                else:
+                    handle = torch_register(tensors, fn, mode=mode)
                 self._grad_hook_handles.append(handle)
                 return handle
 
@@ -144,6 +158,44 @@ class TrainableMemTracker(MemTracker):
 
     def _count_gradient(self, grad) -> None:
         self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)
+
+
+class _Handles:
+    """Removes a group of tensor hooks together (what torch's multi-grad hook returns)."""
+
+    def __init__(self, handles: list) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def count_only_multi_grad_hook(tensors, fn) -> _Handles:
+    """torch.autograd.graph.register_multi_grad_hook's "all" mode without its gradient buffer:
+    `fn` runs once per backward, when the last of `tensors` that this backward reaches has its
+    gradient, and is given `None` for each (module doc). The number of gradients to wait for is
+    counted as torch does, on the first gradient of each backward (graph task): the nodes of
+    `tensors` the engine will execute."""
+    nodes = [_get_grad_fn_or_grad_acc(tensor) for tensor in tensors]
+    received: dict[int, int] = {}
+    expected: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def count(_grad) -> None:
+        task = torch._C._current_graph_task_id()
+        with lock:
+            if task not in received:
+                received[task] = 0
+                expected[task] = sum(map(torch._C._will_engine_execute_node, nodes))
+            received[task] += 1
+            complete = received[task] == expected[task]
+            if complete:
+                del received[task], expected[task]
+        if complete:
+            fn([None] * len(nodes))
+
+    return _Handles([tensor.register_hook(count) for tensor in tensors])
 
 
 def quantization_state_tensors(module) -> list:
