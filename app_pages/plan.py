@@ -22,8 +22,11 @@ from views.comparison import (
     unprobed_text,
 )
 from views.escaping import markdown_text
-from views.figures import memory_vs_batch_figure, phase_breakdown_figure
 from views.inputs import preset_gpu, total_capacity_bytes
+from views.markdown_table import markdown_table
+from views.svg_charts import memory_vs_batch_svg, phase_breakdown_svg
+
+BYTE_COLUMNS = ("bytes", "size")
 
 
 class _Incomplete(Exception):
@@ -122,13 +125,13 @@ def render() -> None:
         st.caption(f"The sequence length is capped by the model's {shape.max_positions:,} positions, not by memory.")
 
     st.subheader("Live at the peak" + (" on each GPU" if parallel.distributed else ""))
-    # Static tables, not st.dataframe: a few rows need no grid, and the grid's canvas and its
-    # delayed accessibility copy kept every sidebar change's page moving for 200 ms more in the
-    # browser (benchmarks/browser_speed.py), and fetched 0.5 MiB more JavaScript per session.
-    st.table(with_byte_separators(breakdown_table(per_gpu)), hide_index=True)
+    # Markdown tables, not st.dataframe or st.table: a few rows need no grid, and an Arrow table
+    # fetches 1.2 MiB more JavaScript per session before the page is complete; the grid's canvas
+    # kept every sidebar change's page moving for 200 ms more (benchmarks/browser_speed.py).
+    st.markdown(markdown_table(with_byte_separators(breakdown_table(per_gpu)), right=BYTE_COLUMNS))
     if verdict.overheads is not None:
         with st.expander("Allocated, reserved and CUDA overheads", expanded=False):
-            st.table(with_byte_separators(verdict_table(verdict)), hide_index=True)
+            st.markdown(markdown_table(with_byte_separators(verdict_table(verdict)), right=BYTE_COLUMNS))
             if verdict.caveat:
                 st.caption(f"Reserved memory: {verdict.caveat}. Each overhead says whether it was measured "
                            "or documented (docs/cuda_overheads.md).")
@@ -138,8 +141,9 @@ def render() -> None:
            if verdict.overheads is not None else "On CPU there are no CUDA overheads.")
     )
     # Charts of live tensors draw what they may take: the capacity less the CUDA overheads.
-    phase_figure = cached_for_scenario(context, "plan phases", lambda: phase_breakdown_figure(per_gpu, max(budget, 0)))
-    st.plotly_chart(phase_figure, width="stretch", key="phase_chart")
+    # SVG drawn here, not Plotly: no chart library for a new session to fetch (views.svg_charts).
+    st.markdown(cached_for_scenario(context, "plan phases", lambda: phase_breakdown_svg(per_gpu, max(budget, 0))),
+                unsafe_allow_html=True)
     for note in result.notes:
         st.info(note, icon=":material/info:")
 
@@ -150,14 +154,14 @@ def render() -> None:
     sizes = batch_sizes_for_chart(limits.batch_size)
     series, unprobed = _batch_series(context, sizes)
 
-    def batch_figure():
-        return memory_vs_batch_figure(series, max(budget, 0), title=f"{shape.name}: peak against batch size "
-                                                                   f"at {context.scenario.seq_len:,} tokens",
-                                      current=current)
+    def batch_chart():
+        return memory_vs_batch_svg(series, max(budget, 0), title=f"{shape.name}: peak against batch size "
+                                                                f"at {context.scenario.seq_len:,} tokens",
+                                   current=current)
 
-    st.plotly_chart(cached_for_scenario(context, "plan batch chart", batch_figure,
-                                        tuple((label, tuple(points)) for label, points in series.items())), width="stretch",
-                    key="batch_chart")
+    st.markdown(cached_for_scenario(context, "plan batch chart", batch_chart,
+                                    tuple((label, tuple(points)) for label, points in series.items())),
+                unsafe_allow_html=True)
     if unprobed:
         st.info(f"Not drawn yet: {markdown_text(unprobed_text(unprobed))}. They need {markdown_text(shape.name)}'s "
                 "training step probed once per technique on fake tensors (seconds each on 2 cores); the probes "

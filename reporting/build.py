@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import io
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -63,13 +62,14 @@ from views.comparison import (
     method_table,
     saving_pct,
 )
-from views.escaping import csv_cell, markdown_text
+from views.escaping import csv_cell
 from views.figures import (
     estimate_vs_measured_scatter,
     memory_vs_batch_figure,
     phase_breakdown_figure,
     technique_bars_figure,
 )
+from views.markdown_table import float_cell, markdown_cell, markdown_table
 from views.verify_results import history_table, scatter_points
 
 FORMATS = ("html", "md", "csv", "json")
@@ -300,40 +300,19 @@ def _overhead_lines(verdict: DeviceVerdict) -> list[str]:
     return lines
 
 
-def _float_cell(value: float) -> str:
-    # Step times, throughputs and percentages: two decimals are what a reader compares, in
-    # HTML as in Markdown (46.404661 s -> 46.40, 56040.529397 tokens/s -> 56,040.53).
-    return f"{value:,.2f}"
-
-
-def _md_cell(value: object) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return ""
-    if isinstance(value, float):
-        return _float_cell(value)
-    return markdown_text(value)
-
-
-def _md_table(table: pd.DataFrame) -> str:
-    header = "| " + " | ".join(_md_cell(c) for c in table.columns) + " |"
-    rule = "|" + "|".join("---" for _ in table.columns) + "|"
-    rows = ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    return "\n".join([header, rule, *rows])
-
-
 def to_markdown(report: Report) -> str:
-    parts = [f"# {_md_cell(report.title)}", "", f"Generated {report.generated_at}.", ""]
-    parts += [f"- {_md_cell(line)}" for line in _summary_lines(report)]
-    parts += ["", "## Live at the peak", "", _md_table(_plan_table(report)),
-              "", "## Techniques", "", _md_table(_technique_table(report)),
-              *(["", _md_cell(note)] if (note := _accumulation_note(report)) else []),
-              *(["", f"## {METHODS_HEADING}", "", METHODS_INTRO, "", _md_table(_method_table(report))]
+    parts = [f"# {markdown_cell(report.title)}", "", f"Generated {report.generated_at}.", ""]
+    parts += [f"- {markdown_cell(line)}" for line in _summary_lines(report)]
+    parts += ["", "## Live at the peak", "", markdown_table(_plan_table(report)),
+              "", "## Techniques", "", markdown_table(_technique_table(report)),
+              *(["", markdown_cell(note)] if (note := _accumulation_note(report)) else []),
+              *(["", f"## {METHODS_HEADING}", "", METHODS_INTRO, "", markdown_table(_method_table(report))]
                 if report.methods is not None else []),
               "", f"## {WHAT_FITS_HEADING}", "", *_md_what_fits(report), ""]
     if report.multi_gpu is not None:
         parts += _md_multi_gpu(report)
     parts += ["## Verification runs", ""]
-    parts.append(_md_table(report.runs) if not report.runs.empty else "No verification runs recorded for this model.")
+    parts.append(markdown_table(report.runs) if not report.runs.empty else "No verification runs recorded for this model.")
     return "\n".join(parts) + "\n"
 
 
@@ -344,12 +323,12 @@ NEAREST_INTRO = "The nearest plans, and how far over the capacity per GPU each i
 
 def _md_what_fits(report: Report) -> list[str]:
     if not report.fits.empty:
-        parts = [_md_table(report.fits)]
+        parts = [markdown_table(report.fits)]
     elif not report.fits_nearest.empty:
-        parts = [_md_cell(f"{NOTHING_FITS} {NEAREST_INTRO}"), "", _md_table(report.fits_nearest)]
+        parts = [markdown_cell(f"{NOTHING_FITS} {NEAREST_INTRO}"), "", markdown_table(report.fits_nearest)]
     else:
         parts = [NOTHING_FITS]
-    return parts + [item for line in report.fits_left_out for item in ("", _md_cell(line))]
+    return parts + [item for line in report.fits_left_out for item in ("", markdown_cell(line))]
 
 
 MULTI_GPU_HEADINGS = ("Memory per GPU, by strategy", "Traffic per optimizer step, by strategy",
@@ -365,12 +344,12 @@ def _md_multi_gpu(report: Report) -> list[str]:
     section = report.multi_gpu
     intro = intro_lines(section, report.estimate.scenario)
     tables = (section.memory, section.traffic, section.local_sgd_rows)
-    parts = [f"## {_md_cell(_multi_gpu_heading(report))}", "", *[_md_cell(line) for line in intro[:1]], ""]
+    parts = [f"## {markdown_cell(_multi_gpu_heading(report))}", "", *[markdown_cell(line) for line in intro[:1]], ""]
     notes = (intro[1:2], intro[2:3], intro[3:4])
     for heading, table, note in zip(MULTI_GPU_HEADINGS, tables, notes):
-        parts += [f"### {heading}", "", *[_md_cell(line) for line in note], "", _md_table(table), ""]
+        parts += [f"### {heading}", "", *[markdown_cell(line) for line in note], "", markdown_table(table), ""]
     parts += [f"### {MULTI_GPU_HEADINGS[3]}", "",
-              _md_table(section.measured) if not section.measured.empty else NO_DISTRIBUTED_RUNS, ""]
+              markdown_table(section.measured) if not section.measured.empty else NO_DISTRIBUTED_RUNS, ""]
     return parts
 
 
@@ -453,7 +432,7 @@ def _html_table(table: pd.DataFrame) -> str:
     # na_rep misses pandas' NA in nullable integer columns: blank those by hand.
     table = table.assign(**{c: table[c].astype(object).where(table[c].notna(), "")
                             for c in table.columns if isinstance(table[c].dtype, pd.Int64Dtype)})
-    return table.to_html(index=False, escape=True, na_rep="", border=0, classes="table", float_format=_float_cell)
+    return table.to_html(index=False, escape=True, na_rep="", border=0, classes="table", float_format=float_cell)
 
 
 def _html_multi_gpu(report: Report) -> list[str]:

@@ -23,6 +23,8 @@ from planner.reserved import training_events
 from planner.scenario import CudaSegments, Device, Task, parse_cuda_alloc_conf, scenario_from_values
 from planner.verdict import device_overheads, tensor_budget_bytes
 
+from page_elements import markdown_tables
+
 RTX_4090 = gpu_spec("rtx4090")
 EXPANDABLE = "expandable_segments:True"
 
@@ -166,7 +168,7 @@ def test_the_dashboard_toggle_reaches_the_verdict_and_the_link(monkeypatch, tmp_
     assert not at.exception, at.exception
     assert any(text.startswith("Fits") for text in verdicts())
     assert at.query_params["expandable_segments"] in ("true", ["true"])
-    table = "\n".join(frame.value.to_string() for frame in at.table)
+    table = "\n".join(frame.to_string() for frame in markdown_tables(at))
     assert "with expandable segments" in table
 
     at.radio(key="device").set_value("cpu").run()  # a CPU plan has no caching allocator: no toggle, no error

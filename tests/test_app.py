@@ -29,6 +29,8 @@ from planner.reserved import replayed_step
 from planner.scenario import Task, scenario_from_values
 from planner.units import GIB, format_bytes
 from views.escaping import markdown_text
+
+from page_elements import chart, markdown_tables
 from views.inputs import DEFAULTS, GPU_PRESET_KEYS, GPU_PRESETS
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
@@ -60,7 +62,7 @@ def expected_estimate(model: str = DEFAULTS["catalog_model"], **overrides):
 
 
 def shown_bytes(at: AppTest) -> dict[str, int]:
-    table = at.table[0].value
+    table = markdown_tables(at)[0]
     return dict(zip(table["category"], (int(b.replace(",", "")) for b in table["bytes"])))
 
 
@@ -152,7 +154,7 @@ def test_sequence_longer_than_the_positions_shows_an_error_and_the_page_recovers
     assert not at.exception
     assert len(at.error) == 1
     assert "4,096 exceeds" in at.error[0].value and "512 positions" in at.error[0].value
-    assert not at.table
+    assert not markdown_tables(at)
     at.number_input(key="seq_len").set_value(256).run()
     assert_page_shows(at, expected_estimate(seq_len=256))
 
@@ -240,7 +242,7 @@ def test_bad_upload_shows_its_one_line_error_and_the_page_recovers(data):
     assert "\n" not in str(raised.value)
     good = (CATALOG_DIR / DEFAULTS["catalog_model"]).with_suffix(".json").read_bytes()
     at = upload(at, good)
-    assert not at.error and at.table
+    assert not at.error and markdown_tables(at)
 
 
 def test_the_page_needs_no_network_and_shows_no_deploy_button(monkeypatch):
@@ -365,7 +367,7 @@ def test_an_unknown_hub_id_is_one_line_and_the_page_recovers(fake_hub):
     assert not at.exception
     assert [e.value for e in at.error] == [markdown_text("the hub has no config.json for 'nobody/nothing' (HTTP 404)")]
     at = hub_model(at, "mistralai/Mistral-7B-v0.1")
-    assert not at.error and at.table
+    assert not at.error and markdown_tables(at)
 
 
 def test_offline_the_hub_source_says_so_quickly_and_the_page_stays(monkeypatch):
@@ -384,12 +386,8 @@ def test_offline_the_hub_source_says_so_quickly_and_the_page_stays(monkeypatch):
     assert "upload it" in error.value and "\n" not in error.value
     assert at.title[0].value == "Plan" and at.selectbox(key="gpu_preset") is not None  # the page otherwise intact
     at.radio(key="model_source").set_value("catalog").run()
-    assert not at.error and at.table
+    assert not at.error and markdown_tables(at)
     st.cache_data.clear()
-
-
-def chart_spec(at: AppTest, index: int) -> dict:
-    return json.loads(at.get("plotly_chart")[index].proto.spec)
 
 
 def test_the_plan_page_marks_your_plan_on_peak_against_batch_size():
@@ -397,12 +395,11 @@ def test_the_plan_page_marks_your_plan_on_peak_against_batch_size():
     at.number_input(key="batch_size").set_value(4).run()
     at.number_input(key="grad_accum").set_value(2).run()
     result = expected_estimate(batch_size=4, grad_accum=2)
-    spec = chart_spec(at, 1)  # the second chart: peak against batch size
-    [marker] = [t for t in spec["data"] if t["name"].startswith("your plan")]
-    assert marker["name"] == "your plan (batch 8)"  # the effective batch: 4 x 2 micro-batches
-    assert marker["x"] == [8] and marker["y"] == pytest.approx([result.peak_bytes / GIB])
-    assert marker["customdata"] == [[f"{result.peak_bytes:,}", format_bytes(result.peak_bytes)]]
-    assert "bytes" in marker["hovertemplate"]
+    drawn = chart(at, 1)  # the second chart: peak against batch size
+    assert "your plan (batch 8)" in drawn["legend"]  # the effective batch: 4 x 2 micro-batches
+    assert drawn["current"]["batch"] == 8 and drawn["current"]["bytes"] == result.peak_bytes
+    assert f"{result.peak_bytes:,} bytes" in drawn["current"]["hover"]
+    assert format_bytes(result.peak_bytes) in drawn["current"]["hover"]
 
 
 def test_a_failed_hub_fetch_is_remembered_for_a_while_only(fake_hub):
@@ -417,7 +414,7 @@ def test_a_failed_hub_fetch_is_remembered_for_a_while_only(fake_hub):
     assert "HTTP 404" in at.error[0].value and fake_hub.requests == [path]  # within the ttl: no refetch
     model_cache._hub_attempt.clear()  # the ttl running out
     at.number_input(key="batch_size").set_value(3).run()
-    assert not at.error and at.table and fake_hub.requests == [path, path]
+    assert not at.error and markdown_tables(at) and fake_hub.requests == [path, path]
 
 
 def test_a_catalog_models_plan_page_on_cuda_probes_nothing(monkeypatch):
@@ -461,8 +458,7 @@ def test_a_new_model_s_plan_page_probes_only_its_own_class_and_draws_the_rest_on
 
     baseline, bf16 = CHART_TECHNIQUES[0], next(t for t in CHART_TECHNIQUES if t.key == "bf16")
     assert probed(baseline, 2) and not probed(baseline, 1) and not probed(bf16, 2)
-    spec = chart_spec(at, 1)
-    drawn = {t["name"]: t for t in spec["data"] if not t["name"].startswith("your plan")}
+    drawn = chart(at, 1)["series"]
     assert baseline.label in drawn and drawn[baseline.label]["x"][0] == 2  # batch 1 is not probed yet
     assert bf16.label not in drawn
     [note] = [i.value for i in at.info if i.value.startswith("Not drawn yet")]
@@ -471,10 +467,10 @@ def test_a_new_model_s_plan_page_probes_only_its_own_class_and_draws_the_rest_on
     at.button(key="probe_chart_techniques").click().run(timeout=PROBING_TIMEOUT_S)
     assert not at.exception and not at.error
     assert not [i for i in at.info if i.value.startswith("Not drawn yet")]
-    sizes = [int(x) for x in chart_spec(at, 1)["data"][0]["x"]]
+    drawn = chart(at, 1)["series"]
+    sizes = next(iter(drawn.values()))["x"]
     expected = memory_vs_batch(shape, dict(chart_base(values)), sizes)  # stored now: no probe
-    drawn = {t["name"]: t for t in chart_spec(at, 1)["data"] if not t["name"].startswith(("your plan", "capacity"))}
     assert set(drawn) == {t.label for t in CHART_TECHNIQUES}
     for label, points in expected.items():
         assert drawn[label]["x"] == [b for b, _ in points]
-        assert drawn[label]["y"] == pytest.approx([None if p is None else p / GIB for _, p in points])
+        assert drawn[label]["bytes"] == [p for _, p in points]

@@ -26,6 +26,8 @@ from views.inputs import (
     scenario_for,
 )
 
+from page_elements import markdown_tables
+
 APP = Path(__file__).resolve().parents[1] / "app.py"
 TABLE_WIDTH_PX = 980  # a table's width in a 1,440 px browser window beside the sidebar (wide layout)
 
@@ -139,7 +141,7 @@ def test_an_applied_sharded_plan_shows_on_plan_per_gpu_under_its_strategy():
     at.switch_page("app_pages/plan.py").run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert not [m for m in at.markdown if "later version" in m.value]
-    table = at.table[0].value  # Plan's breakdown: a static table, bytes as text with separators
+    table = markdown_tables(at)[0]  # Plan's breakdown: a static table, bytes as text with separators
     shown = dict(zip(table["category"], (int(b.replace(",", "")) for b in table["bytes"])))
     assert shown["Peak (total)"] == option.peak_bytes
     assert shown["Communication buffers"] == parallel_estimate(

@@ -84,7 +84,7 @@ def phase_breakdown_figure(result: Estimate | ParallelEstimate, capacity_bytes: 
     _capacity_line(figure, capacity_bytes)
     figure.update_layout(
         barmode="stack",
-        title=_phase_title(result),
+        title=plotly_text(phase_title(result)),
         yaxis_title="GiB (2^30 bytes)",
         xaxis_title="phase of one optimizer step",
         legend_title_text="category",
@@ -93,12 +93,13 @@ def phase_breakdown_figure(result: Estimate | ParallelEstimate, capacity_bytes: 
     return figure
 
 
-def _phase_title(result: Estimate | ParallelEstimate) -> str:
+def phase_title(result: Estimate | ParallelEstimate) -> str:
+    """The memory-by-phase chart's title, as plain text (each renderer escapes it)."""
     if isinstance(result, ParallelEstimate):
         plan = result.plan
-        return (f"{plotly_text(result.base.model_name)} on {plan.num_devices} GPUs, {plan.strategy.value}: "
+        return (f"{result.base.model_name} on {plan.num_devices} GPUs, {plan.strategy.value}: "
                 f"memory per GPU by phase, peak {format_bytes(peak_bytes(result))}")
-    return f"{plotly_text(result.model_name)}: memory by phase, peak {format_bytes(result.peak_bytes)}"
+    return f"{result.model_name}: memory by phase, peak {format_bytes(result.peak_bytes)}"
 
 
 CAPACITY_PREFIX = "capacity "  # the legend entry of the capacity line: "capacity 15.00 GiB"
