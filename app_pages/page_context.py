@@ -5,6 +5,7 @@ rerun, with bad input shown as one error line (the page then stops drawing, the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -79,6 +80,12 @@ class PageContext:
         the values' dataclass cost it 1.5 ms a call, six calls a render (benchmarks/browser_speed.py)."""
         return hashlib.sha256(f"{self.values!r}|{self.config_digest}".encode()).hexdigest()
 
+    def scenario_key_apart_from(self, field: str) -> str:
+        """scenario_key with one sidebar value (a SidebarValues field) left out, for what does
+        not follow from it: the largest batch that fits is the same whatever batch is chosen."""
+        apart = dataclasses.replace(self.values, **{field: None})
+        return hashlib.sha256(f"{apart!r}|{self.config_digest}".encode()).hexdigest()
+
     @property
     def per_gpu(self) -> Estimate | ParallelEstimate:
         """What one GPU holds: the plan on one device, or its share under the strategy."""
@@ -127,6 +134,13 @@ def cached_for_scenario(context: PageContext, kind: str, build: Callable[[], T],
     Plotly figures are the same for every session with the same inputs. `build` must depend on
     nothing else (never on the run history), and its result is shared: never mutate it."""
     return _per_scenario(kind, (context.scenario_key, *inputs), build)  # type: ignore[return-value]
+
+
+def cached_for_scenario_apart_from(context: PageContext, field: str, kind: str, build: Callable[[], T],
+                                   *inputs) -> T:
+    """As cached_for_scenario, for what does not follow from the sidebar value `field`: a change
+    of that value alone serves it from the cache."""
+    return _per_scenario(kind, (context.scenario_key_apart_from(field), *inputs), build)  # type: ignore[return-value]
 
 
 def cached_for_model(context: PageContext, kind: str, build: Callable[[], T], *inputs) -> T:

@@ -7,9 +7,15 @@ Layout only: numbers come from planner.estimate and the shared tables and figure
 
 import streamlit as st
 
-from app_pages.page_context import cached_for_model, cached_for_scenario, probe_status, start_page
+from app_pages.page_context import (
+    cached_for_model,
+    cached_for_scenario,
+    cached_for_scenario_apart_from,
+    probe_status,
+    start_page,
+)
 from planner.device_fit import reserved_check
-from planner.fit import fit_limits
+from planner.fit import FitLimits, longest_sequence, max_batch_size
 from planner.units import format_bytes
 from planner.verdict import tensor_budget_bytes
 from views.breakdown import breakdown_table, verdict_for, verdict_table, with_byte_separators
@@ -109,9 +115,15 @@ def render() -> None:
     # The searches start from the sidebar's plan where it fits: a new model's batch 1, a probe
     # class of its own, is then planned only when the sidebar's batch does not fit.
     scenario_fits = verdict.fits and verdict.peak_bytes <= budget
-    limits = cached_for_scenario(context, "plan limits",
-                                 lambda: fit_limits(shape, context.scenario, budget, plan=parallel, check=check,
-                                                    scenario_fits=scenario_fits))
+    # Each search is cached apart from the value it searches: a batch change searches the
+    # sequence only, and the other way round (each search replays the allocator a few times).
+    known_batch, known_seq = (context.scenario.batch_size, context.scenario.seq_len) if scenario_fits else (1, 1)
+    largest_batch = cached_for_scenario_apart_from(
+        context, "batch_size", "plan largest batch",
+        lambda: max_batch_size(shape, context.scenario, budget, plan=parallel, check=check, known_fit=known_batch))
+    limits = FitLimits(largest_batch, *cached_for_scenario_apart_from(
+        context, "seq_len", "plan largest sequence",
+        lambda: longest_sequence(shape, context.scenario, budget, plan=parallel, check=check, known_fit=known_seq)))
     batch_column, seq_column = st.columns(2)
     batch_text = "none" if limits.batch_size is None else f"{limits.batch_size:,}"
     seq_text = "none" if limits.seq_len is None else f"{limits.seq_len:,}"

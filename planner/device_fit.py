@@ -39,9 +39,11 @@ MULTI_GPU_NOT_REPLAYED = ("it is replayed for single-GPU and DDP plans only (a s
 
 
 def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacity_bytes: int,
-                 gpu: GpuSpec | None, plan: ParallelPlan | None = None) -> DeviceVerdict:
+                 gpu: GpuSpec | None, plan: ParallelPlan | None = None, figures: bool = True) -> DeviceVerdict:
     """The verdict on one GPU of capacity `capacity_bytes` (the driver's total), with the
-    overheads of `gpu` (None: a custom size, their larger figures) under `plan`."""
+    overheads of `gpu` (None: a custom size, their larger figures) under `plan`. `figures`
+    False: only whether it fits is wanted (the fit searches), so a plan that runs out of memory
+    within the capacity is not replayed again without a bound for the reserved peak to show."""
     single = result.base if isinstance(result, ParallelEstimate) else result
     peak = result.per_device_peak_bytes if isinstance(result, ParallelEstimate) else result.peak_bytes
     overheads = device_overheads(single.scenario.device, gpu, plan)
@@ -60,6 +62,8 @@ def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacit
         return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=within.peak_reserved_bytes,
                              expandable_segments=expandable,
                              replayed_allocated_peak_bytes=within.peak_allocated_bytes)
+    if not figures:
+        return DeviceVerdict(peak, capacity_bytes, overheads, replay_out_of_memory=True, expandable_segments=expandable)
     unbounded = replayed_step(shape, single, buckets, cublas_workspaces=workspaces)  # with room to spare
     return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=unbounded.peak_reserved_bytes,
                          replay_out_of_memory=True, expandable_segments=expandable,
@@ -85,6 +89,6 @@ def reserved_check(capacity_bytes: int, device: Device, gpu: GpuSpec | None) -> 
                 result = parallel_estimate(shape, scenario, plan, base=result)
         except PlannerInputError:
             return False
-        return plan_verdict(shape, result, capacity_bytes, gpu, plan).fits
+        return plan_verdict(shape, result, capacity_bytes, gpu, plan, figures=False).fits
 
     return passes

@@ -6,6 +6,8 @@ planner.estimate called directly."""
 import dataclasses
 import html
 import json
+import math
+import random
 import re
 import threading
 import time
@@ -78,6 +80,30 @@ def test_largest_fitting_none_and_limit():
     assert largest_fitting(lambda n: 100, 99, 1000) is None
     assert largest_fitting(lambda n: 1, 10, 37) == 37  # everything fits: the limit
     assert largest_fitting(lambda n: None if n > 5 else 0, 10, 1000) == 5  # None counts as not fitting
+
+
+def test_the_costlier_test_is_searched_exactly_and_in_few_calls_below_the_peaks_answer():
+    """largest_fitting's second test (the replayed allocator) against brute force: every peak
+    answer, every point below it where the second test starts failing, with and without a known
+    fit; the calls stay logarithmic in the distance below the peak's answer."""
+    seed = random.SystemRandom().randrange(2**32)
+    rng = random.Random(seed)
+    print(f"seed {seed}")
+    for _ in range(400):
+        peak_answer = rng.randint(1, 3000)
+        passes_up_to = rng.choice([peak_answer, peak_answer - 1, rng.randint(0, peak_answer)])
+        known = rng.choice([1, rng.randint(1, max(1, passes_up_to))])
+        calls = []
+
+        def passes(n):
+            calls.append(n)
+            assert 1 <= n <= peak_answer
+            return n <= passes_up_to
+
+        found = largest_fitting(lambda n: n, peak_answer, 4096, known_fit=known, passes=passes)
+        assert found == (passes_up_to or None), (seed, peak_answer, passes_up_to, known)
+        distance = peak_answer - passes_up_to
+        assert len(calls) <= 2 * math.log2(distance + 1) + 2, (seed, peak_answer, passes_up_to, known, calls)
 
 
 def test_max_batch_size_is_the_boundary(gpt2):

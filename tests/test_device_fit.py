@@ -96,6 +96,10 @@ def test_every_batch_the_search_passes_fits_and_the_next_does_not(gpt2):
                             RTX_4090).fits
         assert not plan_verdict(gpt2, estimate(gpt2, dataclasses.replace(plan, batch_size=found + 1)), capacity,
                                 RTX_4090).fits
+        for batch in (found - 1, found, found + 1, found + 2):  # the searches' bounded replay only: same answer
+            result = estimate(gpt2, dataclasses.replace(plan, batch_size=batch))
+            assert (plan_verdict(gpt2, result, capacity, RTX_4090, figures=False).fits
+                    == plan_verdict(gpt2, result, capacity, RTX_4090).fits)
 
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])

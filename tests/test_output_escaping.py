@@ -162,3 +162,30 @@ def _is_number(text: str) -> bool:
 ])
 def test_csv_cell_neutralises_formula_prefixes_only(value, expected):
     assert csv_cell(value) == expected
+
+
+@pytest.mark.parametrize("name", [LINK, MARKDOWN_NAME, "x' onload='alert(1)", "</svg><script>alert(1)</script>",
+                                  "two\n\n[click](https://evil.example) lines"])
+def test_svg_charts_draw_names_as_text(name):
+    """The Plan page's SVG charts (views.svg_charts) reach the browser through st.markdown with
+    HTML allowed: a name in a title, a legend or a hover must stay text, never an element or
+    an attribute of its own."""
+    import xml.etree.ElementTree as ET
+
+    from views.svg_charts import memory_vs_batch_svg
+
+    svg = memory_vs_batch_svg({name: [(1, 2**20), (2, 2**21)]}, 2**30, title=name, current=(1, 2**20))
+    root = ET.fromstring(svg)  # one well-formed element: nothing closed it early
+    tags = {element.tag.split("}")[-1] for element in root.iter()}
+    assert tags <= {"svg", "text", "line", "g", "polyline", "circle", "polygon", "title", "rect"}, tags
+    assert not [e for e in root.iter() if set(e.attrib) - {"x", "y", "x1", "x2", "y1", "y2", "cx", "cy", "r",
+                                                              "points", "fill", "stroke", "stroke-width",
+                                                              "stroke-dasharray", "font-size", "font-family",
+                                                              "font-weight", "text-anchor", "transform", "class",
+                                                              "data-name", "data-batches", "data-batch",
+                                                              "data-bytes", "viewBox", "width", "height",
+                                                              "role", "aria-label", "style"}]
+    shown = " ".join(name.split())  # a line break drawn as a space
+    assert " ".join(root.get("aria-label").split()) == shown and shown in " ".join("".join(root.itertext()).split())
+    page = MarkdownIt("commonmark", {"html": True}).render(svg)  # as the page's Markdown passes it on
+    assert "<a " not in page and "<script" not in page

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 
 from planner.estimate import Estimate
 from planner.parallel import ParallelEstimate
@@ -41,13 +42,15 @@ LEGEND_CHARACTERS = 34  # a longer legend label is cut with an ellipsis (its who
 FONT = "font-family='sans-serif'"
 # Plotly's default colour sequence, so a technique keeps its colour between this chart and
 # the report's and Techniques' Plotly charts.
+_LINE_BREAKS = re.compile(r"[\r\n\u2028\u2029]+")
 LINE_COLORS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880",
                "#ff97ff", "#fecb52")
 
 
 def _text(value: object) -> str:
-    """Text as SVG character data or an attribute value: markup characters as entities."""
-    return html.escape(str(value), quote=True)
+    """Text as SVG character data or an attribute value: markup characters as entities, line
+    breaks as spaces (a blank line would end the Markdown HTML block the chart travels in)."""
+    return html.escape(_LINE_BREAKS.sub(" ", str(value)), quote=True)
 
 
 class _Axis:
@@ -161,9 +164,12 @@ def _star(cx: float, cy: float, radius: float, color: str) -> str:
 
 
 def _svg(label: str, parts: list[str]) -> str:
+    """The chart as one CommonMark HTML block (type 7: an open tag alone on its first line, no
+    blank line until its end), so that a Markdown renderer passes it on whole: on one line it
+    would be a paragraph, and Markdown in a name (`[text](url)`) would become a link inside it."""
     return (f"<svg class='plan-chart' xmlns='http://www.w3.org/2000/svg' viewBox='0 0 {WIDTH} {HEIGHT}' "
-            f"width='100%' role='img' aria-label='{_text(label)}' style='max-width:{WIDTH * 1.4:.0f}px'>"
-            + "".join(parts) + "</svg>")
+            f"width='100%' role='img' aria-label='{_text(label)}' style='max-width:{WIDTH * 1.4:.0f}px'>\n"
+            + "\n".join(parts) + "\n</svg>")
 
 
 def phase_breakdown_svg(result: Estimate | ParallelEstimate, capacity_bytes: int | None = None) -> str:
