@@ -1,12 +1,11 @@
-"""views.figures: the phase breakdown figure, checked against the estimate it draws."""
-
-import pytest
-
 """views.figures: the phase breakdown figure, checked against the estimate it draws;
-the log scale, the current-scenario marker and What fits' legend on the figure objects."""
+the log scale, the current-scenario marker and What fits' legend on the figure objects.
+(The Plan page's SVG versions: test_svg_charts.py.)"""
 
 import dataclasses
 from types import SimpleNamespace
+
+import pytest
 
 from planner.estimate import estimate
 from planner.finetune import Method
