@@ -98,7 +98,7 @@ def largest_fitting(peak_for: Callable[[int], int | None], capacity_bytes: int, 
     an n the model cannot take (treated as not fitting). `known_fit`: an n the caller
     knows fits, and passes `passes` (the doubling starts there, saving its first probes). `passes`: a further,
     costlier test an n must pass (the caching allocator replayed, planner.device_fit), made
-    at the answer and, where it fails there, in a bisection below it."""
+    at the answer and, where it fails there, stepping down from it and then bisecting."""
     found = _largest_by_peak(peak_for, capacity_bytes, limit, known_fit)
     if found is None or passes is None or (found == known_fit > 1) or passes(found):
         return found  # (the caller's known fit passed both tests: not replayed again)

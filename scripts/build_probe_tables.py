@@ -151,13 +151,7 @@ def prune_stale() -> int:
 
 def _current(key: str) -> bool:
     parts = key.split("|")
-    if parts[0] == "optimizer-step":
-        wanted = cache.STEP_PROBE_FORMAT
-    elif any(p.startswith("cuda-kernels=") for p in parts):
-        wanted = cache.CUDA_PROBE_FORMAT
-    else:
-        wanted = cache.PROBE_FORMAT
-    return f"probe-format={wanted}" in parts and parts[-1] == cache.library_versions()
+    return f"probe-format={cache.current_format(key)}" in parts and parts[-1] == cache.library_versions()
 
 
 def main() -> int:

@@ -40,7 +40,7 @@ from torch.autograd.graph import _get_grad_fn_or_grad_acc  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
 from planner.probe import cache  # noqa: E402
-from reprobe_shipped import current_key, models_by_digest, scenario_of  # noqa: E402
+from reprobe_shipped import current_key, is_class_key, models_by_digest, scenario_for_key  # noqa: E402
 
 
 def modules_with_inputs_from_distinct_nodes(shape, scenario) -> list[str]:
@@ -90,10 +90,6 @@ def carried(key: str, entry: dict) -> tuple[str, dict]:
     return new_key, entry
 
 
-def is_class_key(key: str) -> bool:
-    return not key.startswith("optimizer-step|")
-
-
 def main() -> int:
     os.environ["PLANNER_DATA_DIR"] = tempfile.mkdtemp(prefix="planner-carry-")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -112,13 +108,11 @@ def main() -> int:
             continue
         settings = {}
         for key in stale:
-            for _, shape in shapes:
-                scenario = scenario_of(key, shape)
-                if cache.technique_key(shape, scenario) == current_key(key):
-                    settings.setdefault((scenario.task, scenario.attention, scenario.finetune.method), (shape, scenario))
-                    break
-            else:
+            found = scenario_for_key(key, shapes)
+            if found is None:
                 settings[key] = None  # no catalog scenario reads it back: cannot tell
+            else:
+                settings.setdefault((found[1].task, found[1].attention, found[1].finetune.method), found)
         found = set()
         for setting in settings.values():
             if setting is None:

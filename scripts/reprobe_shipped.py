@@ -74,10 +74,25 @@ def scenario_of(key: str, shape):
 
 
 def current_key(key: str) -> str:
-    """A class key under the current probe format of its kernels (CPU or CUDA)."""
-    wanted = cache.CUDA_PROBE_FORMAT if "|cuda-kernels=" in key else cache.PROBE_FORMAT
+    """A stored key under the current probe format of its kind (planner.probe.cache.current_format)."""
+    wanted = cache.current_format(key)
     return "|".join(f"probe-format={wanted}" if part.startswith("probe-format=") else part
                     for part in key.split("|"))
+
+
+def is_class_key(key: str) -> bool:
+    """A technique class's table (CPU or CUDA kernels), not an optimizer step's temporaries."""
+    return not key.startswith("optimizer-step|")
+
+
+def scenario_for_key(key: str, shapes: list):
+    """(shape, scenario) of the catalog model and scenario whose class, under the current format,
+    `key` is; None when none is."""
+    for _, shape in shapes:
+        scenario = scenario_of(key, shape)
+        if cache.technique_key(shape, scenario) == current_key(key):
+            return shape, scenario
+    return None
 
 
 def reprobe(path: Path, shapes: list, again: bool = False, containing: str = "") -> tuple[int, int]:
@@ -85,25 +100,21 @@ def reprobe(path: Path, shapes: list, again: bool = False, containing: str = "")
     (`again`) those under the current one; only those whose key contains `containing`.
     Optimizer-step entries are left as they are (their own format: cache.STEP_PROBE_FORMAT)."""
     tables = cache._read(path)
-    old = [key for key in tables
-           if not key.startswith("optimizer-step|") and (current_key(key) == key) == again and containing in key]
+    old = [key for key in tables if is_class_key(key) and (current_key(key) == key) == again and containing in key]
     if again:
         # The same keys: a shipped entry would be read back instead of probed (cache.probe_table
         # looks there), so they leave the file first.
         cache.write_tables({key: entry for key, entry in tables.items() if key not in old}, path)
     done = 0
     for key in old:
-        for name, shape in shapes:
-            scenario = scenario_of(key, shape)
-            new_key = cache.technique_key(shape, scenario)
-            if new_key == current_key(key):
-                break
-        else:
+        found = scenario_for_key(key, shapes)
+        if found is None:
             print(f"  {path.name}: no catalog model and scenario give {key}: dropped", flush=True)
             continue
+        shape, scenario = found
         table = cache.probe_table(shape, scenario)
         if isinstance(table, str):
-            cache.store_unsupported(new_key, table, path)
+            cache.store_unsupported(current_key(key), table, path)
         else:
             cache.store(table, path)
         done += 1

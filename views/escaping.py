@@ -12,6 +12,8 @@ Why each one is needed:
   even inside a page's or a report's own escaping, so text must reach Plotly with `&`, `<`
   and `>` as entities (Plotly decodes those and draws the characters). Quotes stay: no
   markup starts with one.
+- SVG (the Plan page's charts, views.svg_charts): entities for markup characters and quotes,
+  and one line, since the chart travels as a Markdown HTML block that a blank line would end.
 - CSV: a spreadsheet runs a cell that starts with `=`, `+`, `-` or `@` as a formula (tab
   and carriage return are read as the same prefixes by some); a leading apostrophe keeps
   it text (OWASP "CSV injection"). A string that is a plain number is left as it is.
@@ -50,6 +52,13 @@ def _escape_block_start(match: re.Match) -> str:
     if marker.isdigit():  # "1." opens an ordered list: escape the dot or parenthesis after it
         return match.group(1) + marker + "\\"
     return match.group(1) + "\\" + marker
+
+
+def svg_text(value: object) -> str:
+    """`value` as SVG character data or an attribute value (the Plan page's charts, which reach
+    the page as a Markdown HTML block): markup characters as entities, line breaks as spaces (a
+    blank line would end the HTML block and let the rest be read as Markdown)."""
+    return html.escape(_LINE_BREAKS.sub(" ", str(value)), quote=True)
 
 
 def plotly_text(value: object) -> str:

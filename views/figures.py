@@ -105,6 +105,11 @@ def phase_title(result: Estimate | ParallelEstimate) -> str:
 CAPACITY_PREFIX = "capacity "  # the legend entry of the capacity line: "capacity 15.00 GiB"
 
 
+def capacity_label(capacity_bytes: int) -> str:
+    """The capacity line's legend entry (Plotly's and the Plan page's SVG charts)."""
+    return f"{CAPACITY_PREFIX}{bytes_to_gib(capacity_bytes):,.2f} GiB"
+
+
 def _capacity_line(figure: go.Figure, capacity_bytes: int | None) -> None:
     """The capacity as a dashed line across the plot, named in the legend: a label on the
     line itself sits over the bars that reach it."""
@@ -113,10 +118,15 @@ def _capacity_line(figure: go.Figure, capacity_bytes: int | None) -> None:
     line = dict(color=CAPACITY_COLOR, dash="dash", width=2)
     figure.add_hline(y=bytes_to_gib(capacity_bytes), line=line)
     figure.add_scatter(x=[None], y=[None], mode="lines", line=line, hoverinfo="skip",
-                       name=f"{CAPACITY_PREFIX}{bytes_to_gib(capacity_bytes):,.2f} GiB")
+                       name=capacity_label(capacity_bytes))
 
 
 CURRENT_PREFIX = "your plan"  # the legend entry of the user's own scenario on memory_vs_batch_figure
+
+
+def current_label(effective_batch: int) -> str:
+    """The legend entry of the user's own scenario (Plotly's and the Plan page's SVG chart)."""
+    return f"{CURRENT_PREFIX} (batch {effective_batch:,})"
 
 
 def memory_vs_batch_figure(series: dict[str, list[tuple[int, int | None]]], capacity_bytes: int | None = None,
@@ -152,7 +162,7 @@ def _current_marker(figure: go.Figure, effective_batch: int, peak: int) -> None:
     """The user's scenario as one labelled star, its hover in bytes with units."""
     text = f"{CURRENT_PREFIX}: {format_bytes(peak)}"
     figure.add_scatter(
-        name=f"{CURRENT_PREFIX} (batch {effective_batch:,})", x=[effective_batch], y=[bytes_to_gib(peak)],
+        name=current_label(effective_batch), x=[effective_batch], y=[bytes_to_gib(peak)],
         mode="markers+text", text=[text], textposition="top center", textfont={"color": CURRENT_COLOR},
         marker={"symbol": "star", "size": 16, "color": CURRENT_COLOR, "line": {"color": "#ffffff", "width": 1}},
         customdata=[[f"{peak:,}", format_bytes(peak)]],

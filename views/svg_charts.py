@@ -17,21 +17,23 @@ here: plain functions from planner results to markup.
 
 from __future__ import annotations
 
-import html
 import math
-import re
+
+from plotly.colors import qualitative
 
 from planner.estimate import Estimate
 from planner.parallel import ParallelEstimate
 from planner.units import bytes_to_gib, format_bytes
 from views.breakdown import category_labels
+from views.escaping import svg_text
 from views.figures import (
     CAPACITY_COLOR,
-    CAPACITY_PREFIX,
     CATEGORY_COLORS,
     CURRENT_COLOR,
     CURRENT_PREFIX,
     LOG_SCALE_NOTE,
+    capacity_label,
+    current_label,
     phase_title,
     wants_log_y,
 )
@@ -42,15 +44,7 @@ LEGEND_CHARACTERS = 34  # a longer legend label is cut with an ellipsis (its who
 FONT = "font-family='sans-serif'"
 # Plotly's default colour sequence, so a technique keeps its colour between this chart and
 # the report's and Techniques' Plotly charts.
-_LINE_BREAKS = re.compile(r"[\r\n\u2028\u2029]+")
-LINE_COLORS = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880",
-               "#ff97ff", "#fecb52")
-
-
-def _text(value: object) -> str:
-    """Text as SVG character data or an attribute value: markup characters as entities, line
-    breaks as spaces (a blank line would end the Markdown HTML block the chart travels in)."""
-    return html.escape(_LINE_BREAKS.sub(" ", str(value)), quote=True)
+LINE_COLORS = tuple(qualitative.Plotly)
 
 
 class _Axis:
@@ -105,21 +99,21 @@ def _tick_label(value: float) -> str:
 def _frame(title: str, x_title: str, y_title: str, y_axis: _Axis, x_ticks: list[tuple[float, str]]) -> list[str]:
     """Title, gridlines with y labels, x tick labels and axis titles."""
     bottom, right = HEIGHT - BOTTOM, WIDTH - RIGHT
-    parts = [f"<text x='{LEFT}' y='22' font-size='15' fill='#1f2937' {FONT}>{_text(title)}</text>"]
+    parts = [f"<text x='{LEFT}' y='22' font-size='15' fill='#1f2937' {FONT}>{svg_text(title)}</text>"]
     for value in y_axis.ticks():
         y = y_axis.px(value)
         parts.append(f"<line x1='{LEFT}' x2='{right}' y1='{y:.1f}' y2='{y:.1f}' stroke='#e5e7eb'/>")
         parts.append(f"<text x='{LEFT - 6}' y='{y + 4:.1f}' font-size='11' text-anchor='end' fill='#4b5563' "
-                     f"{FONT}>{_text(_tick_label(value))}</text>")
+                     f"{FONT}>{svg_text(_tick_label(value))}</text>")
     parts.append(f"<line x1='{LEFT}' x2='{right}' y1='{bottom}' y2='{bottom}' stroke='#9ca3af'/>")
     for x, label in x_ticks:
         parts.append(f"<text x='{x:.1f}' y='{bottom + 16}' font-size='11' text-anchor='middle' fill='#4b5563' "
-                     f"{FONT}>{_text(label)}</text>")
+                     f"{FONT}>{svg_text(label)}</text>")
     parts.append(f"<text x='{(LEFT + right) / 2:.1f}' y='{HEIGHT - 12}' font-size='12' text-anchor='middle' "
-                 f"fill='#374151' {FONT}>{_text(x_title)}</text>")
+                 f"fill='#374151' {FONT}>{svg_text(x_title)}</text>")
     middle = (TOP + bottom) / 2
     parts.append(f"<text x='14' y='{middle:.1f}' font-size='12' text-anchor='middle' fill='#374151' {FONT} "
-                 f"transform='rotate(-90 14 {middle:.1f})'>{_text(y_title)}</text>")
+                 f"transform='rotate(-90 14 {middle:.1f})'>{svg_text(y_title)}</text>")
     return parts
 
 
@@ -127,7 +121,7 @@ def _legend(title: str, entries: list[tuple[str, str, str]]) -> list[str]:
     """Entries (label, colour, kind: 'box', 'line', 'dash' or 'star') down the right margin."""
     x = WIDTH - RIGHT + 18
     parts = [f"<text x='{x}' y='{TOP + 4}' font-size='12' fill='#374151' font-weight='bold' {FONT}>"
-             f"{_text(title)}</text>"]
+             f"{svg_text(title)}</text>"]
     for row, (label, color, kind) in enumerate(entries):
         y = TOP + 24 + 20 * row
         if kind == "box":
@@ -138,19 +132,19 @@ def _legend(title: str, entries: list[tuple[str, str, str]]) -> list[str]:
             dash = " stroke-dasharray='5 3'" if kind == "dash" else ""
             swatch = f"<line x1='{x}' x2='{x + 16}' y1='{y - 4}' y2='{y - 4}' stroke='{color}' stroke-width='2'{dash}/>"
         shown = label if len(label) <= LEGEND_CHARACTERS else label[:LEGEND_CHARACTERS - 1].rstrip() + "…"
-        parts.append(f"<g class='legend-entry' data-name='{_text(label)}'>{swatch}<text x='{x + 22}' y='{y}' "
-                     f"font-size='12' fill='#1f2937' {FONT}>{_text(shown)}</text><title>{_text(label)}</title></g>")
+        parts.append(f"<g class='legend-entry' data-name='{svg_text(label)}'>{swatch}<text x='{x + 22}' y='{y}' "
+                     f"font-size='12' fill='#1f2937' {FONT}>{svg_text(shown)}</text><title>{svg_text(label)}</title></g>")
     return parts
 
 
 def _capacity(y_axis: _Axis, capacity_bytes: int | None) -> tuple[list[str], list[tuple[str, str, str]]]:
     if capacity_bytes is None:
         return [], []
-    label = f"{CAPACITY_PREFIX}{bytes_to_gib(capacity_bytes):,.2f} GiB"
+    label = capacity_label(capacity_bytes)
     y = y_axis.px(bytes_to_gib(capacity_bytes))
     line = (f"<line class='capacity' data-bytes='{capacity_bytes}' x1='{LEFT}' x2='{WIDTH - RIGHT}' y1='{y:.1f}' "
             f"y2='{y:.1f}' stroke='{CAPACITY_COLOR}' stroke-width='2' stroke-dasharray='6 4'>"
-            f"<title>{_text(f'{label} ({capacity_bytes:,} bytes)')}</title></line>")
+            f"<title>{svg_text(f'{label} ({capacity_bytes:,} bytes)')}</title></line>")
     return [line], [(label, CAPACITY_COLOR, "dash")]
 
 
@@ -168,7 +162,7 @@ def _svg(label: str, parts: list[str]) -> str:
     blank line until its end), so that a Markdown renderer passes it on whole: on one line it
     would be a paragraph, and Markdown in a name (`[text](url)`) would become a link inside it."""
     return (f"<svg class='plan-chart' xmlns='http://www.w3.org/2000/svg' viewBox='0 0 {WIDTH} {HEIGHT}' "
-            f"width='100%' role='img' aria-label='{_text(label)}' style='max-width:{WIDTH * 1.4:.0f}px'>\n"
+            f"width='100%' role='img' aria-label='{svg_text(label)}' style='max-width:{WIDTH * 1.4:.0f}px'>\n"
             + "\n".join(parts) + "\n</svg>")
 
 
@@ -188,15 +182,15 @@ def phase_breakdown_svg(result: Estimate | ParallelEstimate, capacity_bytes: int
                    [(LEFT + slot * (i + 0.5), name) for i, name in enumerate(names)])
     for i, (phase, name) in enumerate(zip(result.phases, names)):
         x, height_so_far = LEFT + slot * (i + 0.2), 0
-        parts.append(f"<g class='bar' data-phase='{_text(name)}' data-total='{phase.total}'>")
+        parts.append(f"<g class='bar' data-phase='{svg_text(name)}' data-total='{phase.total}'>")
         for field, label in categories.items():
             size = getattr(phase, field)
             if size <= 0:
                 continue
             top, bottom = y_axis.px(bytes_to_gib(height_so_far + size)), y_axis.px(bytes_to_gib(height_so_far))
-            parts.append(f"<rect data-category='{_text(label)}' data-bytes='{size}' x='{x:.1f}' y='{top:.1f}' "
+            parts.append(f"<rect data-category='{svg_text(label)}' data-bytes='{size}' x='{x:.1f}' y='{top:.1f}' "
                          f"width='{slot * 0.6:.1f}' height='{max(bottom - top, 0.5):.1f}' "
-                         f"fill='{CATEGORY_COLORS[field]}'><title>{_text(f'{name}: {label} {format_bytes(size)} ({size:,} bytes)')}"
+                         f"fill='{CATEGORY_COLORS[field]}'><title>{svg_text(f'{name}: {label} {format_bytes(size)} ({size:,} bytes)')}"
                          f"</title></rect>")
             height_so_far += size
         parts.append("</g>")
@@ -221,7 +215,8 @@ def memory_vs_batch_svg(series: dict[str, list[tuple[int, int | None]]], capacit
     values += [bytes_to_gib(capacity_bytes)] if capacity_bytes is not None else []
     values += [bytes_to_gib(current[1])] if current is not None else []
     y_axis = _Axis(values, HEIGHT - BOTTOM, TOP, log=log_y)
-    batches = sorted({b for points in series.values() for b, _ in points} | ({current[0]} if current else set()))
+    drawn_batches = {b for points in series.values() for b, _ in points}
+    batches = sorted(drawn_batches | ({current[0]} if current else set()))
     low, high = math.log2(min(batches, default=1)), math.log2(max(batches, default=2))
     high = high if high > low else low + 1
 
@@ -230,12 +225,12 @@ def memory_vs_batch_svg(series: dict[str, list[tuple[int, int | None]]], capacit
 
     y_title = "peak GiB (2^30 bytes)" + (LOG_SCALE_NOTE if y_axis.log else "")
     parts = _frame(title, "effective batch size (sequences per optimizer step)", y_title, y_axis,
-                   [(x_px(b), f"{b:,}") for b in batches if b in {p for s in series.values() for p, _ in s}])
+                   [(x_px(b), f"{b:,}") for b in batches if b in drawn_batches])
     entries = []
     for k, (label, points) in enumerate(series.items()):
         color = LINE_COLORS[k % len(LINE_COLORS)]
         entries.append((label, color, "line"))
-        parts.append(f"<g class='series' data-name='{_text(label)}' data-batches='{' '.join(str(b) for b, _ in points)}'>")
+        parts.append(f"<g class='series' data-name='{svg_text(label)}' data-batches='{' '.join(str(b) for b, _ in points)}'>")
         run: list[str] = []
         for batch, peak in [*points, (None, None)]:
             if peak is None:
@@ -250,7 +245,7 @@ def memory_vs_batch_svg(series: dict[str, list[tuple[int, int | None]]], capacit
                 continue
             x, y = x_px(batch), y_axis.px(bytes_to_gib(peak))
             parts.append(f"<circle data-batch='{batch}' data-bytes='{peak}' cx='{x:.1f}' cy='{y:.1f}' r='3.5' "
-                         f"fill='{color}'><title>{_text(f'{label}: batch {batch:,}, {format_bytes(peak)} ({peak:,} bytes)')}"
+                         f"fill='{color}'><title>{svg_text(f'{label}: batch {batch:,}, {format_bytes(peak)} ({peak:,} bytes)')}"
                          f"</title></circle>")
         parts.append("</g>")
     capacity, capacity_entry = _capacity(y_axis, capacity_bytes)
@@ -261,8 +256,8 @@ def memory_vs_batch_svg(series: dict[str, list[tuple[int, int | None]]], capacit
         text = f"{CURRENT_PREFIX}: {format_bytes(peak)}"
         parts.append(f"<g class='current' data-batch='{batch}' data-bytes='{peak}'>{_star(x, y, 9, CURRENT_COLOR)}"
                      f"<text x='{x:.1f}' y='{y - 13:.1f}' font-size='12' text-anchor='middle' fill='{CURRENT_COLOR}' "
-                     f"{FONT}>{_text(text)}</text><title>{_text(f'{text} ({peak:,} bytes), effective batch {batch:,}')}"
+                     f"{FONT}>{svg_text(text)}</text><title>{svg_text(f'{text} ({peak:,} bytes), effective batch {batch:,}')}"
                      f"</title></g>")
-        entries.append((f"{CURRENT_PREFIX} (batch {batch:,})", CURRENT_COLOR, "star"))
+        entries.append((current_label(batch), CURRENT_COLOR, "star"))
     parts += _legend("technique", entries + capacity_entry)
     return _svg(title, parts)

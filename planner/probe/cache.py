@@ -329,6 +329,14 @@ def probe_table(shape: ModelShape, scenario: Scenario) -> ProbeTable | str:
                                ProbeTable.to_json)
 
 
+def current_format(key: str) -> int:
+    """The probe format a stored key of its kind is read under now: an optimizer step's, a
+    CUDA-kernel class's or a CPU class's (technique_key, step_key)."""
+    if key.startswith("optimizer-step|"):
+        return STEP_PROBE_FORMAT
+    return CUDA_PROBE_FORMAT if "|cuda-kernels=" in key else PROBE_FORMAT
+
+
 def step_key(shape: ModelShape, scenario: Scenario) -> str:
     labels = scenario.num_labels if scenario.task.uses_labels else 0
     # "trainer-groups": the Trainer's step is probed with its own parameter groups (since
