@@ -24,10 +24,11 @@ parameter tensor high (0.0001% on a 7B model).
 `--redo NAME[,NAME...]` replays the draws of the stored run of these --devices and measures again
 only the scenarios already drawn for these catalog models, in place (after a change that moves
 those models' measurements as well as their estimates: the table stays one run, with the models
-re-run and when named under it).
+re-run and when named under it). `--redo-optimizers NAME[,NAME...]` does the same for the
+scenarios drawn with these optimizers (after a change to one optimizer's estimate).
 
 Run: python benchmarks/random_differential.py [--count 300] [--seed S] [--max-params 8e9]
-[--devices cpu|cuda|cpu,cuda] [--resume | --redo NAMES]
+[--devices cpu|cuda|cpu,cuda] [--resume | --redo NAMES | --redo-optimizers NAMES]
 """
 
 from __future__ import annotations
@@ -103,15 +104,22 @@ def main() -> None:
                         help="go on with the run of these --devices (its count, seed and size limit)")
     parser.add_argument("--redo", default="",
                         help="comma-separated catalog names: measure their drawn scenarios again, in place")
+    parser.add_argument("--redo-optimizers", default="",
+                        help="comma-separated optimizers: measure the drawn scenarios with them again, in place")
     args = parser.parse_args()
     devices = [d for d in DEVICES if d in args.devices.split(",")]
     if not devices or set(args.devices.split(",")) - set(DEVICES):
         parser.error(f"--devices takes {', '.join(DEVICES)} or both, comma-separated: not {args.devices!r}")
-    if args.redo:
-        unknown = set(args.redo.split(",")) - set(catalog_entries())
+    if args.redo or args.redo_optimizers:
+        names = [name for name in args.redo.split(",") if name]
+        optimizers = [name for name in args.redo_optimizers.split(",") if name]
+        unknown = set(names) - set(catalog_entries())
         if unknown:
             parser.error(f"--redo takes catalog names: not {', '.join(sorted(unknown))}")
-        redo(json.loads((RESULTS / f"{_stem(devices)}.json").read_text()), args.redo.split(","))
+        if set(optimizers) - set(OPTIMIZERS):
+            parser.error(f"--redo-optimizers takes {', '.join(OPTIMIZERS)}: not "
+                         f"{', '.join(sorted(set(optimizers) - set(OPTIMIZERS)))}")
+        redo(json.loads((RESULTS / f"{_stem(devices)}.json").read_text()), names, optimizers)
         return
     state = {"count": args.count, "seed": args.seed, "max_params": args.max_params, "drawn": 0, "minutes": 0.0,
              "rows": [], "failures": [], "devices": devices}
@@ -141,16 +149,18 @@ def main() -> None:
         _write(state)  # after every scenario: a stopped run keeps its rows and can --resume
 
 
-def redo(state: dict, names: list[str]) -> None:
-    """Measure again, in place, the drawn scenarios of the models `names` (module doc). The draws
-    are replayed from the run's seed; a draw is matched to its row, or to its failure, in order."""
+def redo(state: dict, names: list[str], optimizers: list[str] = ()) -> None:
+    """Measure again, in place, the drawn scenarios of the models `names` and those with the
+    `optimizers` (module doc). The draws are replayed from the run's seed; a draw is matched to
+    its row, or to its failure, in order."""
     state.setdefault("devices", ["cpu"])
     rng = random.Random(state["seed"])
     models = _models(state["max_params"])
     failed = [[model, values] for model, values, _ in state["failures"]]
     row = 0
     redone = 0
-    print(f"seed {state['seed']}: measuring again the drawn scenarios of {', '.join(names)}", flush=True)
+    print(f"seed {state['seed']}: measuring again the drawn scenarios of {_redone_label(names, optimizers)}",
+          flush=True)
     for index in range(1, state["drawn"] + 1):
         model, mode, values = draw(rng, models, state["devices"])
         if [model, values] in failed:
@@ -158,7 +168,7 @@ def redo(state: dict, names: list[str]) -> None:
         if state["rows"][row]["model"] != model:
             raise SystemExit(f"scenario {index} draws {model} where the stored run has "
                              f"{state['rows'][row]['model']}: not the same run")
-        if model in names:
+        if model in names or values.get("optimizer") in optimizers:
             print(f"[{index}/{state['drawn']}] {model} ({mode.value}) {values}", flush=True)
             before = state["rows"][row]["error_pct"]
             state["rows"][row] = run_one(model, mode, dict(values))
@@ -167,9 +177,14 @@ def redo(state: dict, names: list[str]) -> None:
                   f"in {state['rows'][row]['seconds']} s", flush=True)
             _write(state)
         row += 1
-    state.setdefault("redone", []).append({"models": names, "scenarios": redone,
+    state.setdefault("redone", []).append({"models": names, "optimizers": list(optimizers), "scenarios": redone,
                                            "date": time.strftime("%Y-%m-%d")})
     _write(state)
+
+
+def _redone_label(names: list[str], optimizers: list[str]) -> str:
+    return "; ".join(part for part in (", ".join(names),
+                                       optimizers and "optimizer " + " or ".join(optimizers)) if part)
 
 
 def _state_exact(row: dict) -> bool:
@@ -205,7 +220,7 @@ def _write(state: dict) -> None:
              "Measured: MemTracker over one steady-state step (`simulate`: fake tensors; `cpu`: real tensors, "
              "the Trainer's scenarios)" + cuda_note + ". Error = (estimated - measured) / measured."
              + "".join(f" Measured again on {r['date']} (`--redo`, {r['scenarios']} scenarios): "
-                       f"{', '.join(r['models'])}." for r in state.get("redone", [])), "",
+                       f"{_redone_label(r['models'], r.get('optimizers', []))}." for r in state.get("redone", [])), "",
              f"**{len(rows)} scenarios, {len(families)} model types ({', '.join(families)}), "
              f"{min(r['parameters'] for r in rows) / 1e6:,.0f}M to {max(r['parameters'] for r in rows) / 1e9:,.1f}B "
              f"parameters: median absolute peak error {statistics.median(errors):.4f}%, maximum {max(errors):.4f}%; "

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from planner.errors import PlannerInputError
-from planner.estimate import Estimate, estimate
+from planner.estimate import Estimate, Phase, estimate
 from planner.gpus import GpuSpec
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
@@ -56,6 +56,11 @@ def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacit
     usable = overheads.usable_capacity_bytes(capacity_bytes)
     within = replayed_step(shape, single, buckets, capacity_bytes=max(usable, 0), cublas_workspaces=workspaces)
     if isinstance(within, str):
+        # The step's kernel workspaces are the allocator's, not in the live tensors' peak: the
+        # replay would have made them (planner.adafactor_cuda). A DDP rank's buckets are there
+        # in every phase.
+        step = next(p for p in single.phases if p.phase is Phase.OPTIMIZER_STEP)
+        peak = max(peak, peak - single.peak_bytes + step.total + single.step_workspace_bytes)
         return DeviceVerdict(peak, capacity_bytes, overheads, reserved_not_replayed=within)
     expandable = single.scenario.cuda_segments is CudaSegments.EXPANDABLE
     if not within.out_of_memory:

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from planner.activations import ActivationProfile, activation_profile
-from planner.adafactor_cuda import reduction_moment_bytes
+from planner.adafactor_cuda import step_peak_bytes
 from planner.errors import PlannerInputError
 from planner.finetune import Method
 from planner.model_shape import ArchFamily, ModelShape, ParamTensor, compute_parameter_stats
@@ -90,6 +90,10 @@ class Estimate:
     # The part of optimizer_state_bytes a paged optimizer keeps in CUDA unified memory, outside
     # torch's caching allocator: not in the phases (planner.optimizer_state.paged_state_bytes).
     paged_state_bytes: int = 0
+    # On CUDA, what the optimizer step's kernel workspaces (Adafactor's column reductions,
+    # planner.adafactor_cuda) add to its high point in the caching allocator: not a tensor, so
+    # not in the phases (MemTracker does not see them); the replay makes them (planner.reserved).
+    step_workspace_bytes: int = 0
 
     @property
     def peak(self) -> PhaseMemory:
@@ -297,10 +301,11 @@ _CUDA_MULTI_TENSOR = (Optimizer.ADAMW, Optimizer.ADAM, Optimizer.SGD, Optimizer.
 PER_TENSOR_ON_CUDA = (Optimizer.ADAFACTOR, Optimizer.HF_ADAFACTOR)
 
 
-def _per_tensor_cuda_step(shape: ModelShape, trained: ModelShape, scenario: Scenario) -> int | None:
-    """A per-tensor step on CUDA: the CPU probe's temporaries, or the moment of a column
-    reduction with its CUDA workspace when that holds more (planner.adafactor_cuda); None
-    when the step cannot be probed (planner.estimate._probed_phases says why)."""
+def _per_tensor_cuda_step(shape: ModelShape, trained: ModelShape, scenario: Scenario) -> tuple[int, int] | None:
+    """A per-tensor step on CUDA: (its live temporaries, what its kernels' workspaces add in the
+    caching allocator). The live ones are the CPU probe's, or the loop's own requests in
+    512-byte blocks where they hold more (planner.adafactor_cuda); None when the step cannot
+    be probed (planner.estimate._probed_phases says why)."""
     from planner.probe.cache import probed_step_temporaries
 
     probed = probed_step_temporaries(shape, scenario)
@@ -308,7 +313,9 @@ def _per_tensor_cuda_step(shape: ModelShape, trained: ModelShape, scenario: Scen
         return None
     shapes = [p.shape for p in trained.params]
     element = parameter_bytes_per_element(scenario.precision)
-    return max(probed, reduction_moment_bytes(shapes, element, scenario.optimizer))
+    live = max(probed, step_peak_bytes(shapes, element, scenario.optimizer, workspaces=False))
+    allocated = max(probed, step_peak_bytes(shapes, element, scenario.optimizer, workspaces=True))
+    return live, allocated - live
 
 
 def _adapter_step_bytes(trainable: tuple[tuple[str, tuple[int, ...], int], ...], scenario: Scenario) -> int | None:
@@ -539,8 +546,11 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     cuda_step = (optimizer_step_transient_bytes(trained.stats, scenario.optimizer, scenario.precision,
                                                 scenario.device)
                  if scenario.device is Device.CUDA and scenario.optimizer not in PER_TENSOR_ON_CUDA else None)
+    step_workspace = 0
     if scenario.device is Device.CUDA and scenario.optimizer in PER_TENSOR_ON_CUDA:
-        cuda_step = _per_tensor_cuda_step(shape, trained, scenario)
+        per_tensor = _per_tensor_cuda_step(shape, trained, scenario)
+        if per_tensor is not None:
+            cuda_step, step_workspace = per_tensor
     probed = _probed_phases(shape, scenario, weights, state, cuda_step)
     if isinstance(probed, str) and _has_state_space_layers(shape):
         # No recipe comes near a selective scan's memory (a generic one read Jamba 45% and
@@ -593,6 +603,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         confidence=confidence,
         notes=tuple(notes),
         paged_state_bytes=paged,
+        step_workspace_bytes=step_workspace if confidence in (Confidence.PROBED, Confidence.PROBED_REAL) else 0,
     )
     if result.peak.total > MAX_PEAK_BYTES:  # every table and chart holds bytes as 64-bit integers
         raise PlannerInputError(f"this plan needs {result.peak.total:,} bytes at its peak, beyond any machine "

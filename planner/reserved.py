@@ -67,7 +67,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 from planner import optimizer_state as counts
-from planner.adafactor_cuda import hf_moment_events, reduction_moment_requests
+from planner.adafactor_cuda import step_events, step_peak_bytes
 from planner.cuda_allocator import FREE, ReplayResult, replay
 from planner.cuda_reduction import largest_column_reduction_requests
 from planner.model_shape import ModelShape
@@ -173,22 +173,22 @@ def optimizer_step_events(shape: ModelShape, scenario: Scenario, temporaries_byt
     (CPython frees a list's items last first). Those are replayed as such, each its own
     request, so the allocator can serve them from blocks the activations left cached; what
     the estimate counts beyond them (nothing, for the code-read rule) is one more request.
-    An Adafactor step on CUDA whose high point is a column reduction (planner.adafactor_cuda)
-    replays that moment's allocations, each its own request, as the loop makes them (the
-    reduction's workspace last; transformers' with the tensor's transients and the
-    workspace's semaphores, planner.adafactor_cuda.hf_moment_events). Every other step (per-tensor loops, fused kernels,
-    bitsandbytes) is one allocation of its temporaries."""
+    An Adafactor step on CUDA replays the loop's requests (planner.adafactor_cuda.step_events:
+    torch's whole loop, transformers' largest tensor with its transients), each its own
+    request, with the column reductions' workspaces and semaphores that no tensor count holds.
+    Every other step (fused kernels, bitsandbytes, LoRA's adapters) is one allocation of its
+    temporaries."""
     if (scenario.device is Device.CUDA and scenario.optimizer in (Optimizer.ADAFACTOR, Optimizer.HF_ADAFACTOR)
             and not scenario.finetune.uses_adapters):
         shapes = [p.shape for p in shape.params]
         element = counts.parameter_bytes_per_element(scenario.precision)
-        sizes = reduction_moment_requests(shapes, element, scenario.optimizer)
-        if sizes and sum(sizes) == temporaries_bytes:
-            if scenario.optimizer is Optimizer.HF_ADAFACTOR:  # the loop's own order, transients included
-                return [(("optimizer-step", name), FREE if nbytes < 0 else nbytes)
-                        for name, nbytes in hf_moment_events(shapes, element)]
-            keys = [("optimizer-step", i) for i in range(len(sizes))]
-            return list(zip(keys, sizes)) + [(key, FREE) for key in reversed(keys)]
+        events = step_events(shapes, element, scenario.optimizer)
+        if events:
+            replayed = [(("optimizer-step", key), nbytes) for key, nbytes in events]
+            if temporaries_bytes > step_peak_bytes(shapes, element, scenario.optimizer, workspaces=False):
+                # the probe saw a higher moment than these requests hold: one request before them
+                replayed = [(("optimizer-step",), temporaries_bytes), (("optimizer-step",), FREE)] + replayed
+            return replayed
     if scenario.device is Device.CUDA and scenario.optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
         sizes = [math.prod(dims) * element for dims, element, _ in _trained_tensors(shape, scenario)]
         rest = temporaries_bytes - sum(sizes)
