@@ -539,8 +539,9 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     # a foreach step holds one for every tensor at once, which the reduced model cannot show, and
     # bitsandbytes' CUDA kernels update in place. A per-tensor loop runs the same code on either
     # device, so its probed step is exact on CUDA too (torch's Adafactor read as two
-    # largest-tensor temporaries was 0.46 GB high on Llama-2-7B: its loop holds one at a time),
-    # but for the workspace CUDA's column reductions take (planner.adafactor_cuda).
+    # largest-tensor temporaries was 0.46 GB high on Llama-2-7B: its loop holds one at a time), in
+    # 512-byte blocks; the workspaces CUDA's column reductions take are the allocator's
+    # (planner.adafactor_cuda), kept beside the phases in step_workspace_bytes.
     trained = _trained_shape(shape, scenario)
     # A foreach step works on the tensors that have a gradient.
     cuda_step = (optimizer_step_transient_bytes(trained.stats, scenario.optimizer, scenario.precision,

@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_leaves
 
 from planner.adafactor_cuda import WORKSPACE_KINDS, event_kind, step_peak_bytes, torch_loop_events
 from planner.cuda_allocator import FREE
+from planner.cuda_reduction import largest_column_reduction_requests
 from planner.scenario import Optimizer
 
 
@@ -98,7 +99,6 @@ def test_the_live_tensors_exclude_the_workspace_the_allocator_counts():
     allocated = step_peak_bytes(shapes, 4, Optimizer.ADAFACTOR, workspaces=True)
     assert allocated > tensors
     # The embedding's column norm: its row_mean, its output and the workspace with its semaphores.
-    from planner.cuda_reduction import largest_column_reduction_requests
     from planner.optimizer_state import allocation
     from planner.scenario import Device
 
@@ -109,3 +109,28 @@ def test_the_live_tensors_exclude_the_workspace_the_allocator_counts():
     # bound to `update`, with its row_mean and column mean, beside the vector's grad_squared.
     vector = on_cuda(768 * 4)
     assert tensors == on_cuda(28996 * 768 * 4) + on_cuda(28996 * 4) + vector + 2 * vector
+
+
+def test_a_verdict_that_is_not_replayed_still_counts_the_steps_workspace(monkeypatch):
+    """Estimate.step_workspace_bytes: out of the live tensors' phases, into the allocated peak of a
+    verdict the allocator is not replayed for (planner.device_fit)."""
+    from planner import device_fit
+    from planner.estimate import Phase, estimate
+    from planner.gpus import gpu_spec
+    from planner.loading import load_model_shape
+    from planner.scenario import Task, scenario_from_values
+
+    shape = load_model_shape("distilbert-base-cased", Task.SEQUENCE_CLASSIFICATION)
+    scenario = scenario_from_values(task="sequence-classification", batch_size=1, seq_len=16, optimizer="adafactor",
+                                    precision="fp32", device="cuda")
+    result = estimate(shape, scenario)
+    step = next(p for p in result.phases if p.phase is Phase.OPTIMIZER_STEP)
+    workspace, _ = largest_column_reduction_requests((28996, 768))
+    # The word embeddings' column norm (the first tensor: no previous update is bound) with its
+    # workspace is the step's high point in the allocator; without it, the embeddings' update.
+    assert step.temporaries + result.step_workspace_bytes > workspace > step.temporaries > 0
+    h200 = gpu_spec("h200")
+    monkeypatch.setattr(device_fit, "replayed_step", lambda *args, **kwargs: "not replayed in this test")
+    verdict = device_fit.plan_verdict(shape, result, h200.capacity_bytes, h200)
+    assert verdict.reserved_peak_bytes is None
+    assert verdict.peak_bytes == max(result.peak_bytes, step.total + result.step_workspace_bytes) > result.peak_bytes
