@@ -60,8 +60,9 @@ def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacit
         # replay would have made them (planner.adafactor_cuda). A DDP rank's buckets are there
         # in every phase.
         step = next(p for p in single.phases if p.phase is Phase.OPTIMIZER_STEP)
-        peak = max(peak, peak - single.peak_bytes + step.total + single.step_workspace_bytes)
-        return DeviceVerdict(peak, capacity_bytes, overheads, reserved_not_replayed=within)
+        excess = max(0, step.total + single.step_workspace_bytes - single.peak_bytes)
+        return DeviceVerdict(peak, capacity_bytes, overheads, reserved_not_replayed=within,
+                             step_workspace_excess_bytes=excess)
     expandable = single.scenario.cuda_segments is CudaSegments.EXPANDABLE
     if not within.out_of_memory:
         return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=within.peak_reserved_bytes,

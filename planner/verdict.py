@@ -49,6 +49,9 @@ class DeviceVerdict:
     replay_out_of_memory: bool = False  # the replay, given the usable capacity, ran out of memory
     expandable_segments: bool = False  # the replay's PYTORCH_CUDA_ALLOC_CONF (planner.scenario.CudaSegments)
     replayed_allocated_peak_bytes: int | None = None  # the replay's max_memory_allocated; None: not replayed
+    # Not replayed: what the optimizer step's kernel workspaces lift the allocated peak above the
+    # live tensors' (planner.estimate.Estimate.step_workspace_bytes); a replay makes them itself.
+    step_workspace_excess_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.peak_bytes < 0 or self.capacity_bytes <= 0:
@@ -64,7 +67,7 @@ class DeviceVerdict:
     def allocated_peak_bytes(self) -> int:
         if self.replayed_allocated_peak_bytes is not None:
             return self.replayed_allocated_peak_bytes
-        return self.peak_bytes + self.allocator_blocks_bytes
+        return self.peak_bytes + self.step_workspace_excess_bytes + self.allocator_blocks_bytes
 
     @property
     def overhead_bytes(self) -> int:
@@ -125,6 +128,10 @@ class DeviceVerdict:
         if self.overheads is not None:
             rows += [(item.name, item.bytes, f"inside reserved memory; {item.kind.value}: {item.source}")
                      for item in self.overheads.allocator_items]
+            if self.step_workspace_excess_bytes and self.replayed_allocated_peak_bytes is None:
+                rows.append(("Optimizer step's kernel workspaces", self.step_workspace_excess_bytes,
+                             "inside reserved memory; what Adafactor's column reductions add to its step's high point "
+                             "(planner/cuda_reduction.py, from torch's Reduce.cuh)"))
             rows.append(("Allocated peak", self.allocated_peak_bytes, "live tensors + torch's allocator blocks" + (
                 ", in the blocks the replayed allocator hands out" if self.replayed_allocated_peak_bytes is not None
                 else "")))

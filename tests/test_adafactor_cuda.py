@@ -132,5 +132,8 @@ def test_a_verdict_that_is_not_replayed_still_counts_the_steps_workspace(monkeyp
     h200 = gpu_spec("h200")
     monkeypatch.setattr(device_fit, "replayed_step", lambda *args, **kwargs: "not replayed in this test")
     verdict = device_fit.plan_verdict(shape, result, h200.capacity_bytes, h200)
-    assert verdict.reserved_peak_bytes is None
-    assert verdict.peak_bytes == max(result.peak_bytes, step.total + result.step_workspace_bytes) > result.peak_bytes
+    assert verdict.reserved_peak_bytes is None and verdict.peak_bytes == result.peak_bytes  # the live tensors
+    allocated_step = step.total + result.step_workspace_bytes
+    assert allocated_step > result.peak_bytes
+    assert verdict.allocated_peak_bytes == allocated_step + verdict.allocator_blocks_bytes
+    assert ("Optimizer step's kernel workspaces", allocated_step - result.peak_bytes) in [row[:2] for row in verdict.rows()]
