@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from planner.activations import ActivationProfile, activation_profile
-from planner.adafactor_cuda import step_peak_bytes
+from planner.adafactor_cuda import optimizer_order, step_peak_bytes
 from planner.errors import PlannerInputError
 from planner.finetune import Method
 from planner.model_shape import ArchFamily, ModelShape, ParamTensor, compute_parameter_stats
@@ -311,7 +311,7 @@ def _per_tensor_cuda_step(shape: ModelShape, trained: ModelShape, scenario: Scen
     probed = probed_step_temporaries(shape, scenario)
     if isinstance(probed, str):
         return None
-    shapes = [p.shape for p in trained.params]
+    shapes = optimizer_order(trained.params, scenario.optimizer, scenario.engine)
     element = parameter_bytes_per_element(scenario.precision)
     live = max(probed, step_peak_bytes(shapes, element, scenario.optimizer, workspaces=False))
     allocated = max(probed, step_peak_bytes(shapes, element, scenario.optimizer, workspaces=True))

@@ -67,7 +67,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 from planner import optimizer_state as counts
-from planner.adafactor_cuda import step_events, step_peak_bytes
+from planner.adafactor_cuda import optimizer_order, step_events, step_peak_bytes
 from planner.cuda_allocator import FREE, ReplayResult, replay
 from planner.cuda_reduction import largest_column_reduction_requests
 from planner.model_shape import ModelShape
@@ -173,14 +173,14 @@ def optimizer_step_events(shape: ModelShape, scenario: Scenario, temporaries_byt
     (CPython frees a list's items last first). Those are replayed as such, each its own
     request, so the allocator can serve them from blocks the activations left cached; what
     the estimate counts beyond them (nothing, for the code-read rule) is one more request.
-    An Adafactor step on CUDA replays the loop's requests (planner.adafactor_cuda.step_events:
-    torch's whole loop, transformers' largest tensor with its transients), each its own
-    request, with the column reductions' workspaces and semaphores that no tensor count holds.
+    An Adafactor step on CUDA replays its loop's requests (planner.adafactor_cuda.step_events,
+    the tensors in the order the step visits them), each its own request, with the reductions'
+    workspaces and semaphores that no tensor count holds.
     Every other step (fused kernels, bitsandbytes, LoRA's adapters) is one allocation of its
     temporaries."""
     if (scenario.device is Device.CUDA and scenario.optimizer in (Optimizer.ADAFACTOR, Optimizer.HF_ADAFACTOR)
             and not scenario.finetune.uses_adapters):
-        shapes = [p.shape for p in shape.params]
+        shapes = optimizer_order(shape.params, scenario.optimizer, scenario.engine)
         element = counts.parameter_bytes_per_element(scenario.precision)
         events = step_events(shapes, element, scenario.optimizer)
         if events:

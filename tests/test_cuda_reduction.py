@@ -46,3 +46,25 @@ def test_a_short_reduction_stays_in_one_block():
     assert column_reduction_workspace_bytes((1000, 768), h200) == 0
     assert column_reduction_workspace_bytes((768,), h200) == 0  # a vector has no dim -2 to reduce
     assert column_reduction_workspace_bytes((2048, 768), h200) > 0
+
+
+def test_the_h200s_workspace_for_a_whole_tensors_norm_is_the_recorded_one():
+    """`tensor.norm()` in transformers' Adafactor's `_rms`, as the H200's allocator record of
+    DistilBERT's Trainer run has it (torch/functional.py:1839): the workspace and semaphore
+    requests after the norm's 4-byte output, by the tensor's elements."""
+    import gzip
+    from collections import Counter
+
+    from planner.cuda_reduction import full_reduction_requests
+
+    record = Path(__file__).resolve().parents[1] / "benchmarks/results/gpu_runs/2026-12-04-d/traces"
+    events = json.loads(gzip.open(record / "distilbert-hf-adafactor-trainer.json.gz", "rt").read())["events"]
+    allocations = [size for action, _, size, frame in events if action == "alloc" and "functional.py:1839" in frame]
+    recorded = Counter(size for size in allocations if size > 4)  # the 4-byte outputs and semaphores aside
+    # DistilBERT's tensors by elements: embeddings, position embeddings, 768 x 768, 3072 x 768, vectors.
+    h200 = sm_grids()["h200"]
+    expected = {numel: full_reduction_requests(numel, h200) for numel in (28996 * 768, 512 * 768, 768 * 768,
+                                                                           3072 * 768, 768, 3072, 2)}
+    assert expected[768] == expected[3072] == expected[2] == (0, 0)
+    assert {workspace for workspace, _ in expected.values() if workspace} == set(recorded)
+    assert all(semaphores == 4 for workspace, semaphores in expected.values() if workspace)

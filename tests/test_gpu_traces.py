@@ -132,32 +132,31 @@ def test_requests_match_up_to_the_attention_backwards_own_scratch(scenario_id):
     assert workspace is not None and first > workspace
 
 
-def test_transformers_adafactors_largest_tensor_makes_the_requests_the_h200_recorded():
-    """hf_moment_events (planner.adafactor_cuda) against the record of DistilBERT's Trainer
-    run: from `update = (grad**2) + eps` of the word embeddings (28,996 x 768 fp32) to the old
-    update let go after `_approx_sq_grad`, every allocation and free, in order."""
-    from planner.adafactor_cuda import hf_moment_events
+def test_transformers_adafactors_step_makes_the_requests_the_h200_recorded():
+    """hf_loop_events (planner.adafactor_cuda), the tensors in the Trainer's group order, against
+    the record of DistilBERT's Trainer run: the last step's `optimizer.step()`, from after the
+    gradient clipping to `zero_grad`, every allocation and free in order (the norms' and the
+    column means' workspaces and semaphores, the RMS scalars, every tensor's update)."""
+    from planner.adafactor_cuda import hf_loop_events, optimizer_order
     from planner.loading import load_model_shape
-    from planner.scenario import Task
+    from planner.scenario import Engine, Optimizer, Task
 
     shape = load_model_shape("distilbert-base-cased", Task.SEQUENCE_CLASSIFICATION)
-    expected = hf_moment_events([p.shape for p in shape.params], 4)
-    expected = expected[:expected.index(("update", -1)) + 1]
-    events = [(action, address, size, frame) for action, address, size, frame in
-              _trace("distilbert-hf-adafactor-trainer")["events"] if action in ("alloc", "free_completed")]
-    start = next(i for i, (action, _, size, frame) in enumerate(events)
-                 if action == "alloc" and "optimization.py" in frame and size == expected[0][1])
-    recorded = []
-    for action, _, size, _ in events[start:start + len(expected)]:
-        recorded.append(("+", size) if action == "alloc" else ("-", size))
     planned_sizes, planned = {}, []
-    for name, nbytes in expected:
+    for key, nbytes in hf_loop_events(optimizer_order(shape.params, Optimizer.HF_ADAFACTOR, Engine.TRAINER), 4):
         if nbytes > 0:
-            planned_sizes[name] = nbytes
+            planned_sizes[key] = nbytes
             planned.append(("+", nbytes))
         else:
-            planned.append(("-", planned_sizes.pop(name)))
-    assert recorded == planned
+            planned.append(("-", planned_sizes.pop(key)))
+    events = [(action, address, size, frame) for action, address, size, frame in
+              _trace("distilbert-hf-adafactor-trainer")["events"] if action in ("alloc", "free_completed")]
+    last_clip = max(i for i, event in enumerate(events) if "clip_grad.py" in event[3])
+    stop = next(i for i in range(last_clip, len(events)) if "zero_grad" in events[i][3])
+    recorded = [("+" if action == "alloc" else "-", size) for action, _, size, _ in events[last_clip + 1:stop]]
+    assert len(recorded) == len(planned) and recorded == planned, next(
+        (i, recorded[i - 2:i + 3], planned[i - 2:i + 3]) for i in range(min(len(recorded), len(planned)))
+        if recorded[i] != planned[i]) if recorded != planned else None
 
 
 RECORDS = sorted(path.name[:-len(".json.gz")] for path in TRACES.glob("*/traces/*.json.gz"))
