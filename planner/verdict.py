@@ -156,6 +156,8 @@ class DeviceVerdict:
                 "cuda_overhead_bytes": self.overhead_bytes}
         if self.overheads is not None:
             data.update(self.overheads.to_json())
+        if self.step_workspace_excess_bytes and self.replayed_allocated_peak_bytes is None:
+            data["step_workspace_bytes"] = self.step_workspace_excess_bytes  # in allocated_peak_bytes
         if self.replay_out_of_memory:
             data["replay_out_of_memory"] = True
         if self.caveat is not None:

@@ -137,3 +137,4 @@ def test_a_verdict_that_is_not_replayed_still_counts_the_steps_workspace(monkeyp
     assert allocated_step > result.peak_bytes
     assert verdict.allocated_peak_bytes == allocated_step + verdict.allocator_blocks_bytes
     assert ("Optimizer step's kernel workspaces", allocated_step - result.peak_bytes) in [row[:2] for row in verdict.rows()]
+    assert verdict.to_json()["step_workspace_bytes"] == allocated_step - result.peak_bytes
