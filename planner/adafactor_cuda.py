@@ -90,7 +90,7 @@ def step_events(shapes: Sequence[tuple[int, ...]], param_bytes: int, optimizer: 
     return _step_events(tuple(tuple(shape) for shape in shapes), param_bytes, optimizer)
 
 
-@functools.lru_cache(maxsize=256)  # every plan of a search asks again for the same tensors
+@functools.lru_cache(maxsize=32)  # every plan of a search asks again; a 70B loop is ~10k events
 def _step_events(shapes: tuple[tuple[int, ...], ...], param_bytes: int, optimizer: Optimizer) -> tuple[Event, ...]:
     if not any(len(shape) >= 2 for shape in shapes):
         return ()
@@ -127,9 +127,9 @@ def _step_peak_bytes(shapes: tuple[tuple[int, ...], ...], param_bytes: int, opti
 
 
 def event_kind(key: Hashable) -> str:
-    """What a `step_events` key names: torch's loop keys `(kind, tensor index)`, transformers'
-    moment keys the kind alone."""
-    return key if isinstance(key, str) else key[0]
+    """What a `step_events` key names: keys are `(kind, tensor index)`, a workspace's
+    `(kind, the key of the output its launch made)`."""
+    return key[0]
 
 
 def torch_loop_events(shapes: Sequence[tuple[int, ...]], param_bytes: int) -> list[Event]:
@@ -208,8 +208,7 @@ def hf_loop_events(shapes: Sequence[tuple[int, ...]], param_bytes: int) -> list[
             columns = math.prod(shape[:-2]) * shape[-1]
             events += [(("row-mean", i), rows * FP32_BYTES), (("row-mean", i), FREE),  # update.mean(dim=-1)
                        (("column-mean", i), columns * FP32_BYTES)]  # update.mean(dim=-2)
-            workspace, semaphores = largest_column_reduction_requests(shape, ACCUMULATOR_BYTES)
-            events += _workspace_events(i, workspace, semaphores)
+            events += _workspace_events(("column-mean", i), *largest_column_reduction_requests(shape, ACCUMULATOR_BYTES))
             events += [(("column-mean", i), FREE),
                        # _approx_sq_grad: exp_avg_sq_row.mean(dim=-1, keepdim=True), the row factor,
                        # the column factor, their product; both factors go at its return

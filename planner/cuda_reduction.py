@@ -57,6 +57,7 @@ WARP_SIZE = 32
 MIN_VALUES_PER_THREAD = 16
 MAX_VALUES_PER_THREAD = 256
 OUTPUT_VEC_SIZE = 4  # get_output_vec_size's start
+INPUT_VEC_SIZE = 4  # gpu_reduce_kernel's input_vec_size (vt0): inputs per load when vectorised
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ def full_reduction_requests(numel: int, grid: SmGrid, accumulator_bytes: int = 4
     """(workspace, semaphores): what reducing a contiguous tensor of `numel` elements to one
     value allocates beside its output on a GPU of `grid` (module doc); (0, 0) when it does not
     go global."""
-    dim0 = numel // OUTPUT_VEC_SIZE if numel > 128 else numel  # vectorize_input: 4 inputs a load
+    dim0 = numel // INPUT_VEC_SIZE if numel > 128 else numel  # vectorize_input
     width = _pow2_below(dim0, MAX_REDUCE_THREADS)  # one row of threads along the input
     values_per_thread = -(-numel // width)
     target = grid.sm_count * (grid.max_threads_per_sm // width)
