@@ -48,7 +48,8 @@ Known limitations: the optimizer step is one allocation of its temporaries' size
 (planner.probe.cache.probed_step_temporaries holds a byte count, not its allocations),
 freed at the end of the step, but for foreach Adam/AdamW on CUDA, whose one temporary per
 parameter tensor is replayed as such (`optimizer_step_events`; the Trainer's two parameter
-groups are replayed as one); the first step makes every state tensor before the update, where bitsandbytes and transformers' Adafactor make each tensor's state just
+groups are replayed as one), and both Adafactors on CUDA, whose loops are replayed request by
+request (planner.adafactor_cuda; LoRA's adapters excepted); the first step makes every state tensor before the update, where bitsandbytes and transformers' Adafactor make each tensor's state just
 before its own update (interleaved with the update's temporaries); buffers are two
 allocations; with LoRA and QLoRA the stored tensors are allocated in PEFT's parameter order
 (QLoRA: the 4-bit weights' tensors, then the others, then the adapters), and loading's own
