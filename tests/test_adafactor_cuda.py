@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from planner.adafactor_cuda import WORKSPACE_KINDS, event_kind, step_peak_bytes, torch_loop_events
+from planner.adafactor_cuda import WORKSPACE_KINDS, event_kind, hf_loop_events, step_peak_bytes, torch_loop_events
 from planner.cuda_allocator import FREE
 from planner.cuda_reduction import largest_column_reduction_requests
 from planner.scenario import Optimizer
@@ -138,3 +138,31 @@ def test_a_verdict_that_is_not_replayed_still_counts_the_steps_workspace(monkeyp
     assert verdict.allocated_peak_bytes == allocated_step + verdict.allocator_blocks_bytes
     assert ("Optimizer step's kernel workspaces", allocated_step - result.peak_bytes) in [row[:2] for row in verdict.rows()]
     assert verdict.to_json()["step_workspace_bytes"] == allocated_step - result.peak_bytes
+
+
+def test_the_replay_leaves_out_only_small_transients_and_keeps_the_large_pools_sequence():
+    """planner.reserved._without_small_transients on both loops over DistilBERT's tensors: what it
+    drops is small (the small pool's), made and freed with no large request between; every large
+    request and free stays, in order; and both loops replayed through the allocator reach the same
+    reserved peak with or without them, the allocated peak lower by no more than what it dropped
+    could hold at once."""
+    from planner.cuda_allocator import K_SMALL_SIZE, CachingAllocator
+    from planner.loading import load_model_shape
+    from planner.reserved import _without_small_transients
+    from planner.scenario import Task
+
+    shapes = [p.shape for p in load_model_shape("distilbert-base-cased", Task.SEQUENCE_CLASSIFICATION).params]
+    for events in (torch_loop_events(shapes, 4), hf_loop_events(shapes, 2)):
+        kept = _without_small_transients(tuple(events))
+        sizes = {key: nbytes for key, nbytes in events if nbytes != FREE}
+        dropped = [event for event in events if event not in kept]
+        assert dropped and all(sizes[key] <= K_SMALL_SIZE for key, _ in dropped)
+        large = [event for event in events if sizes[event[0]] > K_SMALL_SIZE]
+        assert [event for event in kept if sizes[event[0]] > K_SMALL_SIZE] == large
+        peaks = []
+        for replayed in (events, kept):
+            allocator = CachingAllocator()
+            allocator.replay(replayed)
+            peaks.append((allocator.peak_reserved_bytes, allocator.peak_allocated_bytes))
+        assert peaks[0][0] == peaks[1][0]
+        assert 0 <= peaks[0][1] - peaks[1][1] <= sum(-(-sizes[key] // 512) * 512 for key, n in dropped if n != FREE)
