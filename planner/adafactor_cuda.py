@@ -50,7 +50,8 @@ import re
 from collections.abc import Hashable, Sequence
 
 from planner.cuda_allocator import FREE
-from planner.cuda_reduction import largest_column_reduction_requests, largest_full_reduction_requests
+from planner.cuda_reduction import (largest_column_reduction_requests, largest_full_reduction_requests,
+                                    launch_events)
 from planner.model_shape import ParamTensor
 from planner.optimizer_state import FP32_BYTES, allocation
 from planner.scenario import Device, Engine, Optimizer
@@ -150,7 +151,7 @@ def torch_loop_events(shapes: Sequence[tuple[int, ...]], param_bytes: int) -> li
         if len(shape) >= 2:
             rebind("row_mean", ("row-mean", i), math.prod(shape[:-1]) * param_bytes)
             events.append((("column-mean", i), math.prod(shape[:-2]) * shape[-1] * param_bytes))
-            events += _workspace_events(("column-mean", i), *largest_column_reduction_requests(shape, ACCUMULATOR_BYTES))
+            events += launch_events(("column-mean", i), *largest_column_reduction_requests(shape, ACCUMULATOR_BYTES))
             if "col_mean" in bound:
                 events.append((bound["col_mean"], FREE))
             bound["col_mean"] = ("column-mean", i)
@@ -208,7 +209,7 @@ def hf_loop_events(shapes: Sequence[tuple[int, ...]], param_bytes: int) -> list[
             columns = math.prod(shape[:-2]) * shape[-1]
             events += [(("row-mean", i), rows * FP32_BYTES), (("row-mean", i), FREE),  # update.mean(dim=-1)
                        (("column-mean", i), columns * FP32_BYTES)]  # update.mean(dim=-2)
-            events += _workspace_events(("column-mean", i), *largest_column_reduction_requests(shape, ACCUMULATOR_BYTES))
+            events += launch_events(("column-mean", i), *largest_column_reduction_requests(shape, ACCUMULATOR_BYTES))
             events += [(("column-mean", i), FREE),
                        # _approx_sq_grad: exp_avg_sq_row.mean(dim=-1, keepdim=True), the row factor,
                        # the column factor, their product; both factors go at its return
@@ -235,14 +236,7 @@ def _full_norm_events(key: tuple[str, int], numel: int, output_bytes: int) -> li
     """`tensor.norm()` of a tensor of `numel` elements: its output, then the launch's workspace
     and semaphores, made and freed (planner.cuda_reduction.full_reduction_requests)."""
     workspace, semaphores = largest_full_reduction_requests(numel, ACCUMULATOR_BYTES)
-    return [(key, output_bytes)] + _workspace_events(key, workspace, semaphores)
-
-
-def _workspace_events(owner: Hashable, workspace: int, semaphores: int) -> list[Event]:
-    if not workspace:
-        return []
-    return [(("reduction-workspace", owner), workspace), (("reduction-semaphores", owner), semaphores),
-            (("reduction-semaphores", owner), FREE), (("reduction-workspace", owner), FREE)]
+    return [(key, output_bytes)] + launch_events(key, workspace, semaphores)
 
 
 def _factor_mean_workspace(owner: Hashable, shape: tuple[int, ...]) -> list[Event]:
@@ -252,4 +246,4 @@ def _factor_mean_workspace(owner: Hashable, shape: tuple[int, ...]) -> list[Even
     not modelled (module doc)."""
     if len(shape) != 2:
         return []
-    return _workspace_events(owner, *largest_full_reduction_requests(shape[0], ACCUMULATOR_BYTES))
+    return launch_events(owner, *largest_full_reduction_requests(shape[0], ACCUMULATOR_BYTES))

@@ -47,8 +47,10 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 
+from planner.cuda_allocator import FREE
 from planner.optimizer_state import allocation
 from planner.scenario import Device
 
@@ -182,3 +184,13 @@ def largest_full_reduction_requests(numel: int, accumulator_bytes: int = 4) -> t
     """`full_reduction_requests` on the GPU of planner.gpus whose workspace is the largest."""
     return max((full_reduction_requests(numel, grid, accumulator_bytes) for grid in sm_grids().values()),
                key=lambda requests: (sum(requests), requests))
+
+
+def launch_events(owner: Hashable, workspace: int, semaphores: int) -> list[tuple[Hashable, int]]:
+    """A global reduction's launch as caching-allocator events: its workspace, then its
+    semaphores, made after its output (`owner`, the output's key) and freed on return,
+    semaphores first; [] when it does not go global (no workspace)."""
+    if not workspace:
+        return []
+    return [(("reduction-workspace", owner), workspace), (("reduction-semaphores", owner), semaphores),
+            (("reduction-semaphores", owner), FREE), (("reduction-workspace", owner), FREE)]

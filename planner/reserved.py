@@ -63,6 +63,7 @@ stream.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -70,7 +71,7 @@ from collections.abc import Hashable
 from planner import optimizer_state as counts
 from planner.adafactor_cuda import optimizer_order, step_events, step_peak_bytes
 from planner.cuda_allocator import FREE, K_SMALL_SIZE, ReplayResult, replay
-from planner.cuda_reduction import largest_column_reduction_requests
+from planner.cuda_reduction import largest_column_reduction_requests, launch_events
 from planner.model_shape import ModelShape
 from planner.probe.table import ProbeTable, poly_value
 from planner.probe.trace import Expansion, TraceError, expand
@@ -183,13 +184,12 @@ def optimizer_step_events(shape: ModelShape, scenario: Scenario, temporaries_byt
             and not scenario.finetune.uses_adapters):
         shapes = optimizer_order(shape.params, scenario.optimizer, scenario.engine)
         element = counts.parameter_bytes_per_element(scenario.precision)
-        events = step_events(shapes, element, scenario.optimizer)
-        if events:
-            replayed = [(("optimizer-step", key), nbytes) for key, nbytes in _without_small_transients(events)]
+        replayed = _adafactor_step_events(shapes, element, scenario.optimizer)
+        if replayed:
             if temporaries_bytes > step_peak_bytes(shapes, element, scenario.optimizer, workspaces=False):
                 # the probe saw a higher moment than these requests hold: one request before them
-                replayed = [(("optimizer-step",), temporaries_bytes), (("optimizer-step",), FREE)] + replayed
-            return replayed
+                return [(("optimizer-step",), temporaries_bytes), (("optimizer-step",), FREE)] + list(replayed)
+            return list(replayed)
     if scenario.device is Device.CUDA and scenario.optimizer in (Optimizer.ADAMW, Optimizer.ADAM):
         sizes = [math.prod(dims) * element for dims, element, _ in _trained_tensors(shape, scenario)]
         rest = temporaries_bytes - sum(sizes)
@@ -200,6 +200,15 @@ def optimizer_step_events(shape: ModelShape, scenario: Scenario, temporaries_byt
                 sizes.append(rest)
             return list(zip(keys, sizes)) + [(key, FREE) for key in reversed(keys)]
     return [(("optimizer-step",), temporaries_bytes), (("optimizer-step",), FREE)]
+
+
+@functools.lru_cache(maxsize=32)  # each replay of a plan, and every plan of a search, asks again
+def _adafactor_step_events(shapes: tuple[tuple[int, ...], ...], element: int,
+                           optimizer: Optimizer) -> tuple[Event, ...]:
+    """An Adafactor loop's requests as the replay makes them: keyed under the step, without the
+    small transients."""
+    return tuple((("optimizer-step", key), nbytes)
+                 for key, nbytes in _without_small_transients(step_events(shapes, element, optimizer)))
 
 
 def _without_small_transients(events: tuple[Event, ...]) -> list[Event]:
@@ -323,9 +332,7 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
                 continue
             requests = reductions.get(key[0])
             if requests is not None:
-                workspace, semaphores = ("reduction-workspace", named), ("reduction-semaphores", named)
-                events += [(workspace, requests[0]), (semaphores, requests[1]), (semaphores, FREE),
-                           (workspace, FREE)]
+                events += launch_events(named, *requests)
             if parity_in is None and position in workspace_after:
                 events.append(workspace_after[position])
         if parity_in is None:

@@ -56,6 +56,8 @@ class DeviceVerdict:
     def __post_init__(self) -> None:
         if self.peak_bytes < 0 or self.capacity_bytes <= 0:
             raise ValueError("DeviceVerdict needs a peak >= 0 and a positive capacity")
+        if self.step_workspace_excess_bytes and self.replayed_allocated_peak_bytes is not None:
+            raise ValueError("a replayed verdict makes the step's workspaces itself: no excess to add")
         if self.reserved_peak_bytes is not None and self.reserved_peak_bytes < self.allocated_peak_bytes:
             raise ValueError("a reserved peak below the allocated peak is not a caching allocator's")
 
@@ -128,7 +130,7 @@ class DeviceVerdict:
         if self.overheads is not None:
             rows += [(item.name, item.bytes, f"inside reserved memory; {item.kind.value}: {item.source}")
                      for item in self.overheads.allocator_items]
-            if self.step_workspace_excess_bytes and self.replayed_allocated_peak_bytes is None:
+            if self.step_workspace_excess_bytes:
                 rows.append(("Optimizer step's kernel workspaces", self.step_workspace_excess_bytes,
                              "inside reserved memory; what Adafactor's column reductions add to its step's high point "
                              "(planner/cuda_reduction.py, from torch's Reduce.cuh)"))
@@ -156,7 +158,7 @@ class DeviceVerdict:
                 "cuda_overhead_bytes": self.overhead_bytes}
         if self.overheads is not None:
             data.update(self.overheads.to_json())
-        if self.step_workspace_excess_bytes and self.replayed_allocated_peak_bytes is None:
+        if self.step_workspace_excess_bytes:
             data["step_workspace_bytes"] = self.step_workspace_excess_bytes  # in allocated_peak_bytes
         if self.replay_out_of_memory:
             data["replay_out_of_memory"] = True
