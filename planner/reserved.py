@@ -216,7 +216,8 @@ def _without_small_transients(events: tuple[Event, ...]) -> list[Event]:
     is made: the norms' scalars and their launches' workspaces, a few of them per tensor, most
     of an Adafactor loop's requests. They touch only the small pool, whose cached room serves
     them in a steady state, so the large pool sees the same sequence; they lift the allocated
-    peak by at most their few kilobytes. Replaying them cost 30-70 ms a replay on Llama-2-7B."""
+    peak by at most their few kilobytes (Llama-2-7B in pure bf16: 4,008 of torch's loop's 5,944
+    requests, 6,726 of transformers' 11,374)."""
     opened: dict[Hashable, int] = {}  # small key -> its position, while no large request came after it
     dropped: set[int] = set()
     for position, (key, nbytes) in enumerate(events):
