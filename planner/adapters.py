@@ -68,6 +68,7 @@ class QuantizedBase:
     # stored for the 4-bit weights, and each other parameter's (elements, is a 4-bit layer's bias).
     stored_tensors: tuple[int, ...] = ()
     unquantized_tensors: tuple[tuple[int, bool], ...] = ()
+    weight_elements: tuple[int, ...] = ()  # each 4-bit weight's elements, in module order
 
 
 def quantized_weight_tensors(elements: int, double_quant: bool) -> tuple[int, ...]:
@@ -156,7 +157,20 @@ def built_adapter_count(source_config: str, task: Task, num_labels: int, finetun
 @functools.lru_cache(maxsize=64)
 def quantized_base(source_config: str, task: Task, num_labels: int, double_quant: bool,
                    quant_type: str = "nf4") -> QuantizedBase:
-    """The frozen base of QLoRA as transformers quantises it with bitsandbytes (module doc)."""
+    """The frozen base of QLoRA as transformers quantises it with bitsandbytes (module doc);
+    the catalog's at the finder's settings are shipped (planner.shipped_adapters)."""
+    from planner.shipped_adapters import shipped_quantized
+
+    shipped = shipped_quantized(source_config, task, num_labels, double_quant, quant_type)  # without torch
+    if shipped is not None:
+        return shipped
+    return built_quantized_base(source_config, task, num_labels, double_quant, quant_type)
+
+
+def built_quantized_base(source_config: str, task: Task, num_labels: int, double_quant: bool,
+                         quant_type: str = "nf4") -> QuantizedBase:
+    """quantized_base from transformers and bitsandbytes themselves, on the meta device
+    (what planner/catalog/adapters/ ships)."""
     import bitsandbytes as bnb
     import torch
     from transformers import BitsAndBytesConfig
@@ -176,13 +190,19 @@ def quantized_base(source_config: str, task: Task, num_labels: int, double_quant
     if not quantized:
         raise PlannerInputError("bitsandbytes quantises no layer of this model (it has no torch.nn.Linear "
                                 "layers transformers converts): use --finetune lora")
-    elements = [m.in_features * m.out_features for m in quantized]
     weights = {id(m.weight) for m in quantized}
     bias_ids = {id(m.bias) for m in quantized if m.bias is not None}
     # Linear4bit's bias stays a float parameter; it is among the others.
     others = tuple((int(p.numel()), id(p) in bias_ids) for p in model.parameters() if id(p) not in weights)
-    biases = sum(n for n, is_bias in others if is_bias)
-    stored = tuple(t for n in elements for t in quantized_weight_tensors(n, double_quant))
-    return QuantizedBase(len(quantized), sum(elements), sum(stored), sum(n for n, _ in others), int(biases),
-                         stored, others)
+    return quantized_base_from(tuple(m.in_features * m.out_features for m in quantized), others, double_quant)
+
+
+def quantized_base_from(weight_elements: tuple[int, ...], unquantized: tuple[tuple[int, bool], ...],
+                        double_quant: bool) -> QuantizedBase:
+    """The QuantizedBase of 4-bit weights of these elements and these other parameters
+    ((elements, is a 4-bit layer's bias) each)."""
+    stored = tuple(t for n in weight_elements for t in quantized_weight_tensors(n, double_quant))
+    biases = sum(n for n, is_bias in unquantized if is_bias)
+    return QuantizedBase(len(weight_elements), sum(weight_elements), sum(stored), sum(n for n, _ in unquantized),
+                         int(biases), stored, unquantized, weight_elements)
 

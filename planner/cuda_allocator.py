@@ -24,6 +24,8 @@ it, as `torch.cuda.reset_peak_memory_stats()` would be): `repeats=2` gives the s
 state of a training step. `capacity_bytes` is what cudaMalloc can still get on the card
 (None: unlimited); a request that cannot be met after the allocator has released its
 cache ends the replay with `out_of_memory=True` and the index of that event.
+With `capacity_bytes` and `headroom=True` the result also says by how much the capacity
+could shrink or must grow (`headroom_bytes`, below); the other figures are unchanged.
 `allowed_memory_bytes` is the limit `torch.cuda.set_per_process_memory_fraction` sets
 (allowed_memory_maximum), which torch checks differently: against the segment size a
 request would cudaMalloc, even with expandable segments, whose page mapping can then
@@ -35,7 +37,8 @@ allowed_memory_bytes=None)` is the stateful model: `malloc(key, nbytes)`, `free(
 `reserved_bytes`, `peak_allocated_bytes`, `peak_reserved_bytes`,
 `reserved_at_peak_allocated_bytes`, `reserved_bytes_small_pool` /
 `reserved_bytes_large_pool`, `segments` (cudaMalloc'd), `expandable_segments`;
-`live_keys()` and `check_invariants()` (an O(blocks) consistency check for tests).
+`live_keys()`, `releasable_bytes()` and `check_invariants()` (an O(blocks) consistency
+check for tests).
 `malloc` raises `CudaOutOfMemoryError` where torch would raise torch.OutOfMemoryError.
 
 Rules modelled (source function in CUDACachingAllocator.cpp unless said otherwise)
@@ -77,6 +80,23 @@ Rules modelled (source function in CUDACachingAllocator.cpp unless said otherwis
   unmaps every whole page of every free block (`unmap_block`) and drops a segment left
   with nothing mapped (`release_expandable_segment`). A mapping is all-or-nothing per
   call (`ExpandableSegment::map` releases the pages it made when cuMemCreate fails).
+
+Headroom
+--------
+Whether a replay within a capacity runs out of memory is all a fit search needs, but a
+yes or no per replay makes it bisect a sequence length token by token (a 7B step is a
+fifth of a second to replay). A replay with `headroom=True` also measures how close it
+came: a cudaMalloc (or a page mapping) can fail only where the allocator needs new
+memory, and then it first releases its cache, so at each such moment the memory it
+needs at least is what it keeps after that release (`reserved_bytes -
+releasable_bytes()`) plus the new segment. `headroom_bytes` is the capacity less the
+largest such need: >= 0 exactly when the replay never runs out of memory (the sign is
+the replay's answer). Where it runs out, the replay goes on as if the capacity had been
+raised by what the request lacked, and `headroom_bytes` is minus the sum of those
+shortfalls. Either way it is a measure along this replay's own order of releases, not
+the capacity another replay would need: a guide for where to test next, never the test.
+For expandable segments the new segment is the request rounded up to whole pages (the
+mapping may need fewer).
 
 Known limitations
 -----------------
@@ -145,6 +165,7 @@ class CudaOutOfMemoryError(Exception):
         )
         self.request_bytes = request_bytes
         self.event_index: int | None = None  # set by CachingAllocator.replay
+        self.figures: tuple[int, ...] | None = None  # a headroom replay's stats at this moment
         self.allocation_bytes = allocation_bytes
         self.allocated_bytes = allocated_bytes
         self.reserved_bytes = reserved_bytes
@@ -189,12 +210,17 @@ class ReplayResult:
     out_of_memory: bool
     oom_event_index: int | None = None  # index into prefix + events * repeats
     oom_request_bytes: int | None = None
+    # With a capacity and headroom=True (see Headroom): >= 0, the least room left at a moment
+    # needing new memory; < 0, minus the shortfalls of a replay that ran out. Else None.
+    headroom_bytes: int | None = None
 
     def __post_init__(self):
         if self.peak_reserved_bytes < self.peak_allocated_bytes:
             raise ValueError("peak reserved below peak allocated")
         if self.out_of_memory != (self.oom_event_index is not None):
             raise ValueError("oom_event_index is set exactly when out_of_memory")
+        if self.headroom_bytes is not None and (self.headroom_bytes < 0) != self.out_of_memory:
+            raise ValueError("headroom is negative exactly when the replay ran out of memory")
 
 
 class _Segment:
@@ -273,9 +299,19 @@ class CachingAllocator:
     """The stateful model of one device's DeviceCachingAllocator on one stream."""
 
     def __init__(self, settings: AllocatorSettings | None = None, *,
-                 capacity_bytes: int | None = None, allowed_memory_bytes: int | None = None):
+                 capacity_bytes: int | None = None, allowed_memory_bytes: int | None = None,
+                 headroom: bool = False):
         if capacity_bytes is not None and capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
+        if headroom and capacity_bytes is None:
+            raise ValueError("headroom is measured against a capacity: give capacity_bytes")
+        # See Headroom in the module docstring. `first_oom`: where it first ran out, with the
+        # figures of that moment (it then goes on, past the capacity it was given).
+        self._headroom = headroom
+        self._least_room: int | None = None
+        self._shortfall = 0
+        self._map_shortfall = 0
+        self.first_oom: CudaOutOfMemoryError | None = None
         if allowed_memory_bytes is not None and allowed_memory_bytes < 0:
             raise ValueError("allowed_memory_bytes must be >= 0")
         self.allowed_memory_bytes = allowed_memory_bytes
@@ -385,6 +421,8 @@ class CachingAllocator:
             # malloc: alloc_block, then release_available_cached_blocks and retry, then
             # release_cached_blocks and retry.
             alloc_size = self.allocation_size(size)
+            if self._headroom:
+                self._note_room(pool, size, alloc_size)
             block = self._alloc_block(pool, size, alloc_size)
             if block is None and self._release_available_cached_blocks(pool, size):
                 block = self._alloc_block(pool, size, alloc_size)
@@ -392,7 +430,10 @@ class CachingAllocator:
                 self._release_cached_blocks()
                 block = self._alloc_block(pool, size, alloc_size)
             if block is None:
-                raise CudaOutOfMemoryError(nbytes, alloc_size, self._allocated, self._reserved)
+                error = CudaOutOfMemoryError(nbytes, alloc_size, self._allocated, self._reserved)
+                if not self._headroom:
+                    raise error
+                block = self._alloc_past_capacity(error, pool, size, alloc_size)
         # should_split
         remaining = block.size - size
         if pool.small or self._expandable:
@@ -441,12 +482,49 @@ class CachingAllocator:
         """torch.cuda.empty_cache(): emptyCache -> release_cached_blocks."""
         self._release_cached_blocks()
 
+    def releasable_bytes(self) -> int:
+        """What `empty_cache()` would give back now (release_cached_blocks): every free
+        segment of its own, and the whole pages inside free blocks of expandable segments."""
+        total = 0
+        for pool in (self._large, self._small):
+            for block in pool.by_key.values():
+                seg = block.seg
+                if seg.expandable:
+                    page = seg.page_bytes
+                    offset = block.addr - seg.base
+                    pages = (offset + block.size) // page - -(-offset // page)
+                    if pages > 0:
+                        total += pages * page
+                elif block.prev is None and block.next is None:
+                    total += block.size
+        return total
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        """See Headroom in the module docstring; None without headroom=True or before any
+        moment needing new memory."""
+        if not self._headroom:
+            return None
+        if self.first_oom is not None:
+            return -self._shortfall
+        return None if self._least_room is None else max(0, self._least_room)
+
     def replay(self, events: Iterable[tuple[Hashable, int]], start_index: int = 0) -> int:
         """Replay events; returns how many ran. Raises CudaOutOfMemoryError with
         `event_index` (counted from `start_index`) set on an OOM."""
         malloc = self.malloc
         free = self.free
         i = start_index
+        if self._headroom:  # never raises: marks where it first ran out
+            for key, nbytes in events:
+                if nbytes == FREE:
+                    free(key)
+                else:
+                    malloc(key, nbytes)
+                    if self.first_oom is not None and self.first_oom.event_index is None:
+                        self.first_oom.event_index = i
+                i += 1
+            return i - start_index
         try:
             for key, nbytes in events:
                 if nbytes == FREE:
@@ -458,6 +536,34 @@ class CachingAllocator:
             error.event_index = i
             raise
         return i - start_index
+
+    # --- headroom (not the allocator's: see Headroom) ---------------------------------
+    def _note_room(self, pool: _Pool, size: int, alloc_size: int) -> None:
+        if self._expandable:
+            page = K_SMALL_BUFFER if pool.small else self.settings.large_segment_bytes
+            alloc_size = -(-size // page) * page
+        room = self.capacity_bytes - (self._reserved - self.releasable_bytes() + alloc_size)
+        if self._least_room is None or room < self._least_room:
+            self._least_room = room
+
+    def _alloc_past_capacity(self, error: CudaOutOfMemoryError, pool: _Pool, size: int,
+                             alloc_size: int) -> _Block:
+        # Out of memory after releasing the cache: keep the figures of this first moment, then
+        # raise the capacity by what the request lacked and go on.
+        if self.first_oom is None:
+            error.figures = (self._peak_allocated, self._peak_reserved, self._reserved_at_peak,
+                             self._allocated, self._reserved, self._cuda_segments, self._expandable_segments)
+            self.first_oom = error
+        for _ in range(64):  # an expandable mapping may need one raise per page range it maps
+            lacking = (self._map_shortfall if self._expandable
+                       else self._reserved + alloc_size - self.capacity_bytes)
+            lacking = max(lacking, K_MIN_BLOCK_SIZE)
+            self._shortfall += lacking
+            self.capacity_bytes += lacking
+            block = self._alloc_block(pool, size, alloc_size)
+            if block is not None:
+                return block
+        raise error  # only a per-process memory fraction refuses every raise
 
     # --- the allocator's private functions ---------------------------------------
     def _get_free_block(self, pool: _Pool, size: int) -> _Block | None:
@@ -633,6 +739,7 @@ class CachingAllocator:
             return False
         capacity = self.capacity_bytes
         if capacity is not None and self._reserved + mapped > capacity:
+            self._map_shortfall = self._reserved + mapped - capacity
             return False  # cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY, pages released
         pool = to_map.pool
         pool.remove_unmapped(to_map)
@@ -765,9 +872,11 @@ def replay(events: Sequence[tuple[Hashable, int]], *, prefix: Sequence[tuple[Has
            repeats: int = 1, expandable_segments: bool = False,
            capacity_bytes: int | None = None, allowed_memory_bytes: int | None = None,
            max_split_size_bytes: int | None = None,
-           roundup_power2_divisions: int | None = None) -> ReplayResult:
+           roundup_power2_divisions: int | None = None, headroom: bool = False) -> ReplayResult:
     """Replay `prefix` once, then `events` `repeats` times through a fresh allocator;
-    peaks are read over the last repetition (reset_peak_stats before it)."""
+    peaks are read over the last repetition (reset_peak_stats before it). `headroom`
+    (with `capacity_bytes`): also measure `headroom_bytes` (see Headroom); the other
+    figures are those of a replay without it."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     settings = AllocatorSettings(
@@ -776,7 +885,7 @@ def replay(events: Sequence[tuple[Hashable, int]], *, prefix: Sequence[tuple[Has
         roundup_power2_divisions=roundup_power2_divisions,
     )
     allocator = CachingAllocator(settings, capacity_bytes=capacity_bytes,
-                                 allowed_memory_bytes=allowed_memory_bytes)
+                                 allowed_memory_bytes=allowed_memory_bytes, headroom=headroom)
     done = 0
     oom: CudaOutOfMemoryError | None = None
     try:
@@ -788,16 +897,14 @@ def replay(events: Sequence[tuple[Hashable, int]], *, prefix: Sequence[tuple[Has
     except CudaOutOfMemoryError as error:
         oom = error
         done = error.event_index
-    return ReplayResult(
-        peak_allocated_bytes=allocator.peak_allocated_bytes,
-        peak_reserved_bytes=allocator.peak_reserved_bytes,
-        reserved_at_peak_allocated_bytes=allocator.reserved_at_peak_allocated_bytes,
-        allocated_bytes=allocator.allocated_bytes,
-        reserved_bytes=allocator.reserved_bytes,
-        segments=allocator.segments,
-        expandable_segments=allocator.expandable_segments,
-        events_replayed=done,
-        out_of_memory=oom is not None,
-        oom_event_index=None if oom is None else oom.event_index,
-        oom_request_bytes=None if oom is None else oom.request_bytes,
-    )
+    figures = (allocator.peak_allocated_bytes, allocator.peak_reserved_bytes,
+               allocator.reserved_at_peak_allocated_bytes, allocator.allocated_bytes, allocator.reserved_bytes,
+               allocator.segments, allocator.expandable_segments)
+    if allocator.first_oom is not None:  # headroom: the figures of the moment it ran out
+        oom = allocator.first_oom
+        done = oom.event_index
+        figures = oom.figures
+    return ReplayResult(*figures, events_replayed=done, out_of_memory=oom is not None,
+                        oom_event_index=None if oom is None else oom.event_index,
+                        oom_request_bytes=None if oom is None else oom.request_bytes,
+                        headroom_bytes=allocator.headroom_bytes)

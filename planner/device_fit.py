@@ -22,6 +22,7 @@ once, in reverse parameter order, which is also the order the per-rank estimate 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from planner.errors import PlannerInputError
@@ -29,6 +30,7 @@ from planner.estimate import Estimate, Phase, estimate
 from planner.gpus import GpuSpec
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
+from planner.cuda_allocator import ReplayResult
 from planner.reserved import replayed_step
 from planner.scenario import CudaSegments, Device, Scenario
 from planner.strategy import ParallelPlan, Strategy
@@ -44,13 +46,20 @@ def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacit
     overheads of `gpu` (None: a custom size, their larger figures) under `plan`. `figures`
     False: only whether it fits is wanted (the fit searches), so a plan that runs out of memory
     within the capacity is not replayed again without a bound for the reserved peak to show."""
+    return _verdict_and_replay(shape, result, capacity_bytes, gpu, plan, figures)[0]
+
+
+def _verdict_and_replay(shape: ModelShape, result: Estimate | ParallelEstimate, capacity_bytes: int,
+                        gpu: GpuSpec | None, plan: ParallelPlan | None,
+                        figures: bool) -> tuple[DeviceVerdict, ReplayResult | None]:
+    """plan_verdict's verdict, and the replay within the usable capacity it rests on (None: not replayed)."""
     single = result.base if isinstance(result, ParallelEstimate) else result
     peak = result.per_device_peak_bytes if isinstance(result, ParallelEstimate) else result.peak_bytes
     overheads = device_overheads(single.scenario.device, gpu, plan)
     if overheads is None:
-        return DeviceVerdict(peak, capacity_bytes, None)
+        return DeviceVerdict(peak, capacity_bytes, None), None
     if plan is not None and plan.distributed and plan.strategy is not Strategy.DDP:
-        return DeviceVerdict(peak, capacity_bytes, overheads, reserved_not_replayed=MULTI_GPU_NOT_REPLAYED)
+        return DeviceVerdict(peak, capacity_bytes, overheads, reserved_not_replayed=MULTI_GPU_NOT_REPLAYED), None
     buckets = tuple(result.ddp_bucket_bytes if isinstance(result, ParallelEstimate) else ())
     workspaces = tuple(item.bytes for item in overheads.allocator_items)  # the cuBLAS workspaces, per thread
     usable = overheads.usable_capacity_bytes(capacity_bytes)
@@ -62,39 +71,58 @@ def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacit
         step = next(p for p in single.phases if p.phase is Phase.OPTIMIZER_STEP)
         excess = max(0, step.total + single.step_workspace_bytes - single.peak_bytes)
         return DeviceVerdict(peak, capacity_bytes, overheads, reserved_not_replayed=within,
-                             step_workspace_excess_bytes=excess)
+                             step_workspace_excess_bytes=excess), None
     expandable = single.scenario.cuda_segments is CudaSegments.EXPANDABLE
     if not within.out_of_memory:
         return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=within.peak_reserved_bytes,
                              expandable_segments=expandable,
-                             replayed_allocated_peak_bytes=within.peak_allocated_bytes)
+                             replayed_allocated_peak_bytes=within.peak_allocated_bytes), within
     if not figures:
-        return DeviceVerdict(peak, capacity_bytes, overheads, replay_out_of_memory=True, expandable_segments=expandable)
+        return DeviceVerdict(peak, capacity_bytes, overheads, replay_out_of_memory=True,
+                             expandable_segments=expandable), within
     unbounded = replayed_step(shape, single, buckets, cublas_workspaces=workspaces)  # with room to spare
     return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=unbounded.peak_reserved_bytes,
                          replay_out_of_memory=True, expandable_segments=expandable,
-                         replayed_allocated_peak_bytes=unbounded.peak_allocated_bytes)
+                         replayed_allocated_peak_bytes=unbounded.peak_allocated_bytes), within
 
 
-FitsCheck = Callable[[ModelShape, Scenario, ParallelPlan | None], bool]
+@dataclasses.dataclass(frozen=True)
+class Headroom:
+    """A fit search's test of one plan: whether the verdict passes it, and by how much
+    (`bytes`: what is left at its tightest, negative when short by that much; None when not
+    measured). Its truth value is `fits`."""
+
+    fits: bool
+    bytes: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.fits
+
+
+FitsCheck = Callable[[ModelShape, Scenario, ParallelPlan | None], Headroom]
 
 
 def reserved_check(capacity_bytes: int, device: Device, gpu: GpuSpec | None) -> FitsCheck | None:
     """For the fit searches, which find the largest plan whose live tensors fit the room the
     overheads leave (planner.verdict.tensor_budget_bytes): whether the verdict, replayed,
-    passes it too. None on CPU, where the two are the same test."""
+    passes it too, with the replay's headroom (planner.cuda_allocator, Headroom) or, where
+    nothing is replayed, the verdict's margin, to guide the search. None on CPU, where the
+    two are the same test."""
     if device is not Device.CUDA:
         return None
 
-    def passes(shape: ModelShape, scenario: Scenario, plan: ParallelPlan | None = None) -> bool:
+    def passes(shape: ModelShape, scenario: Scenario, plan: ParallelPlan | None = None) -> Headroom:
         if plan is not None and plan.distributed and plan.strategy is not Strategy.DDP:
-            return True  # not replayed: the live-tensor test the search made is the verdict's
+            return Headroom(True)  # not replayed: the live-tensor test the search made is the verdict's
         try:
             result = estimate(shape, scenario)
             if plan is not None and plan.distributed:
                 result = parallel_estimate(shape, scenario, plan, base=result)
         except PlannerInputError:
-            return False
-        return plan_verdict(shape, result, capacity_bytes, gpu, plan, figures=False).fits
+            return Headroom(False)
+        verdict, within = _verdict_and_replay(shape, result, capacity_bytes, gpu, plan, figures=False)
+        if within is None:  # the verdict's own figures: its margin is exact
+            return Headroom(verdict.fits, verdict.margin_bytes)
+        return Headroom(verdict.fits, within.headroom_bytes)
 
     return passes

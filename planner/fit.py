@@ -56,8 +56,10 @@ precisions are not searched for LoRA: each is one more probe of the PEFT-wrapped
 
 Peak memory grows monotonically with batch size and with sequence length (every category
 is a non-decreasing function of both), which is what makes bisection exact. Estimates
-take tens of microseconds, so a search (about 2·log2(limit) estimates) is instant, and
-the whole finder for a 7B model answers in milliseconds (benchmarks/fit_speed.py).
+take tens of microseconds, so a search (about 2·log2(limit) estimates) is instant. On
+CUDA each answer is also tested by the caching allocator's replay (planner.device_fit),
+a fifth of a second for a 7B step: the finder's first search of a 7B model replays
+a few hundred plans, later ones are cached (benchmarks/fit_speed.py).
 
 FIT_ERROR_MARGIN is the planner's stated error on a peak: within it, a measured peak
 may differ from the estimate (benchmarks/accuracy.py checks 2%; 3% leaves room for
@@ -92,36 +94,122 @@ SEQ_SEARCH_LIMIT = 1 << 20  # tokens, for models without a position limit (rotar
 
 
 def largest_fitting(peak_for: Callable[[int], int | None], capacity_bytes: int, limit: int,
-                    known_fit: int = 1, passes: Callable[[int], bool] | None = None) -> int | None:
+                    known_fit: int = 1, passes: Callable[[int], object] | None = None) -> int | None:
     """Largest n in [1, limit] with peak_for(n) <= capacity_bytes, assuming the peak is
     non-decreasing in n; None when even n = 1 does not fit. peak_for may answer None for
     an n the model cannot take (treated as not fitting). `known_fit`: an n the caller
     knows fits, and passes `passes` (the doubling starts there, saving its first probes). `passes`: a further,
     costlier test an n must pass (the caching allocator replayed, planner.device_fit), made
-    at the answer and, where it fails there, stepping down from it and then bisecting."""
+    at the answer and, where it fails there, searched below it (`_largest_passing`). Its
+    answer's truth value is the test's; where it also has `bytes` (planner.device_fit.Headroom:
+    the room left, negative when short), those guide the search."""
     found = _largest_by_peak(peak_for, capacity_bytes, limit, known_fit)
-    if found is None or passes is None or (found == known_fit > 1) or passes(found):
+    if found is None or passes is None or (found == known_fit > 1):
         return found  # (the caller's known fit passed both tests: not replayed again)
+    at_found = passes(found)
+    if at_found:
+        return found
     # invariant: bad fails; good passes (0: none known; the caller's known fit passed both tests)
-    good, bad = (known_fit if 1 < known_fit < found else 0), found
-    # The costlier test fails only a little below the peak's answer where it fails (the caching
-    # allocator's rounding and fragmentation are a few percent of a peak): step down from it,
-    # doubling the step, then bisect what is left. log2 of the distance to the answer in tests,
-    # where bisecting from the known fit took log2 of the whole range (7 replays, 30 ms, for
-    # DistilBERT's largest batch on a T4: benchmarks/browser_speed.py).
+    good = known_fit if 1 < known_fit < found else 0
+    return _largest_passing(peak_for, passes, good, found, _room(at_found)) or None
+
+
+def _room(answer: object) -> int | None:
+    return getattr(answer, "bytes", None)
+
+
+def _largest_passing(peak_for: Callable[[int], int | None], passes: Callable[[int], object],
+                     good: int, bad: int, bad_room: int | None) -> int:
+    """An n in (good, bad) that passes `passes` while n + 1 fails (good passes, bad fails; 0
+    when none passed yet), in few tests: each is a replay of the step, a fifth of a second
+    for a 7B model. Near the answer the replay's verdict need not be monotone (where the
+    allocator starts releasing its cache, one more token can fit where the last did not):
+    any such n is an answer, as it is bisection's."""
+    if bad_room is None:
+        return _stepping_down(passes, good, bad)
+    return _regula_falsi(peak_for, passes, good, bad, bad_room)
+
+
+def _stepping_down(passes: Callable[[int], object], good: int, bad: int) -> int:
+    """Without rooms: the test fails only a little below the peak's answer where it fails
+    (the caching allocator's rounding and fragmentation are a few percent of a peak): step
+    down from it, doubling the step, then bisect what is left, log2 of the distance to the
+    answer in tests where bisecting from the known fit took log2 of the whole range (7
+    replays, 30 ms, for DistilBERT's largest batch on a T4: benchmarks/browser_speed.py)."""
     step = 1
     while bad - step > good:
         if passes(bad - step):
             good = bad - step
             break
         bad, step = bad - step, 2 * step
+    return _bisected(passes, good, bad)
+
+
+def _bisected(passes: Callable[[int], object], good: int, bad: int) -> int:
     while bad - good > 1:
         middle = (good + bad) // 2
         if passes(middle):
             good = middle
         else:
             bad = middle
-    return good or None
+    return good
+
+
+def _regula_falsi(peak_for: Callable[[int], int | None], passes: Callable[[int], object],
+                  good: int, bad: int, bad_room: int) -> int:
+    """With rooms (bytes left, negative when short: planner.device_fit.Headroom), each test
+    aims where the room crosses zero: on the line between the bracket's ends (regula falsi,
+    with Illinois' halving of an end's room when that end is kept twice in a row, so that
+    the aim does not creep), and before any passing room is measured, at the n whose live
+    peak is lower by the shortfall. A replay's room is close to linear in the batch or the
+    sequence (the step's tensors are) but not exactly (which cached blocks it releases and
+    reuses differs from one n to the next, by a few hundred MB on a 7B step), so the aims
+    interpolate between the bracket's ends, never beyond them. The rooms only choose where
+    to test; after two aimed tests in a row that do not halve the bracket the next one
+    bisects it, so misleading rooms cost at most about 3·log2 of the range."""
+    good_room: float | None = None
+    kept, slow = 0, 0  # kept: 1 when the last test moved good, -1 when it moved bad
+    while bad - good > 1:
+        width = bad - good
+        if slow >= 2:
+            n, slow, aimed = (good + bad) // 2, 0, False
+        else:
+            if good_room is None:
+                peak = peak_for(bad)
+                crossing = good + 1 if peak is None else _last_at_most(peak_for, peak + bad_room, good, bad)
+            else:
+                crossing = good + (bad - good) * good_room / (good_room - bad_room)
+            n, aimed = min(max(int(crossing), good + 1), bad - 1), True
+        answer = passes(n)
+        room = _room(answer)
+        if room is None:  # no measure: bisect the rest
+            return _bisected(passes, *((n, bad) if answer else (good, n)))
+        if answer:
+            good, good_room = n, room
+            if kept == 1:
+                bad_room /= 2
+            kept = 1
+        else:
+            bad, bad_room = n, room
+            if kept == -1 and good_room is not None:
+                good_room /= 2
+            kept = -1
+        if aimed:
+            slow = slow + 1 if 2 * (bad - good) > width else 0
+    return good
+
+
+def _last_at_most(peak_for: Callable[[int], int | None], bytes_: int, low: int, high: int) -> int:
+    """The largest n in (low, high) whose peak is at most `bytes_` (low when none), by
+    bisection: peak_for(high) is known to be above it."""
+    while high - low > 1:
+        middle = (low + high) // 2
+        peak = peak_for(middle)
+        if peak is not None and peak <= bytes_:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def _largest_by_peak(peak_for: Callable[[int], int | None], capacity_bytes: int, limit: int,

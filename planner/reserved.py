@@ -376,11 +376,12 @@ def reserved_peak(shape: ModelShape, scenario: Scenario, table: ProbeTable, *, e
                   capacity_bytes: int | None = None, step_temporaries_bytes: int | None = None,
                   allocator_blocks: tuple[int, ...] = (), cublas_workspaces: tuple[int, ...] = ()) -> ReplayResult:
     """The steady-state step replayed through the caching allocator model (its peaks are
-    the second step's, after the first has warmed the cache)."""
+    the second step's, after the first has warmed the cache); within `capacity_bytes`,
+    with its headroom (planner.cuda_allocator, Headroom), which guides the fit searches."""
     prefix, step = training_events(shape, scenario, table, step_temporaries_bytes, allocator_blocks,
                                    cublas_workspaces)
     return replay(step, prefix=prefix, repeats=2, expandable_segments=expandable_segments,
-                  capacity_bytes=capacity_bytes)
+                  capacity_bytes=capacity_bytes, headroom=capacity_bytes is not None)
 
 
 # Replays by (config, scenario, blocks, capacity), the least recently used dropped first: a

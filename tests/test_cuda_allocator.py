@@ -3,6 +3,8 @@ outcomes follow from the allocator's rules (c10/cuda/CUDACachingAllocator.cpp), 
 properties over random traces. Each test's docstring names the rule and its source
 function; expected byte counts are derived by hand and written as arithmetic."""
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -444,3 +446,55 @@ def test_memory_fraction_checks_the_segment_size_even_when_expandable():
         small = replay([("y", 4 * MiB)], expandable_segments=expandable,
                        allowed_memory_bytes=19 * MiB)
         assert small.out_of_memory and small.oom_event_index == 0
+
+
+# --- headroom (planner.cuda_allocator, "Headroom"): a guide for the fit searches -------------
+
+@settings(max_examples=150, deadline=None, print_blob=True)
+@given(ops=OPS, config=CONFIGS, cut=st.integers(0, 10**6))
+def test_releasable_bytes_is_what_empty_cache_gives_back(ops, config, cut):
+    """release_cached_blocks (empty_cache) frees every unsplit free segment and unmaps the
+    whole pages inside free blocks of expandable segments: releasable_bytes(), computed
+    without releasing, equals the drop in reserved memory empty_cache() then makes, at any
+    point of a trace."""
+    allocator = CachingAllocator(AllocatorSettings(**config))
+    trace = make_trace(ops)
+    for key, nbytes in trace[:cut % (len(trace) + 1)]:
+        if nbytes == FREE:
+            allocator.free(key)
+        else:
+            allocator.malloc(key, nbytes)
+    releasable, before = allocator.releasable_bytes(), allocator.reserved_bytes
+    allocator.empty_cache()
+    assert before - allocator.reserved_bytes == releasable
+
+
+@settings(max_examples=150, deadline=None, print_blob=True)
+@given(ops=OPS, config=CONFIGS, capacity=st.integers(0, 120 * MiB))
+def test_headroom_leaves_the_replay_as_it_was_and_its_sign_is_the_answer(ops, config, capacity):
+    """A replay measuring its headroom reads exactly what one without it reads (the same
+    peaks, the same out-of-memory event and request, the figures of that moment), and its
+    headroom is negative exactly when it ran out of memory."""
+    trace, prefix = make_trace(ops), [("weights", 3 * MiB)]
+    plain = replay(trace, prefix=prefix, repeats=2, capacity_bytes=capacity, **config)
+    measured = replay(trace, prefix=prefix, repeats=2, capacity_bytes=capacity, headroom=True, **config)
+    assert dataclasses.replace(measured, headroom_bytes=None) == plain
+    assert measured.headroom_bytes is not None  # the prefix's request needs new memory
+    assert (measured.headroom_bytes < 0) == plain.out_of_memory
+
+
+def test_headroom_is_the_room_left_at_the_tightest_new_segment():
+    """Hand-built: a 30 MiB block (its own 30 MiB segment, get_allocation_size) is freed
+    and a 40 MiB request follows; best fit finds nothing, so a new segment is needed, and
+    releasing the cache would first give back the free 30 MiB one (release_cached_blocks).
+    Within 100 MiB the 40 MiB request needs 10 (live) + 40 MiB after that release: 50 MiB
+    of room is left there, less than at any earlier segment. Within 45 MiB the same request
+    runs out by 5 MiB: the replay reports that shortfall, and the figures of a replay that
+    stops there."""
+    trace = [("a", 10 * MiB), ("b", 30 * MiB), ("b", FREE), ("c", 40 * MiB)]
+    roomy = replay(trace, capacity_bytes=100 * MiB, headroom=True)
+    assert not roomy.out_of_memory and roomy.headroom_bytes == 100 * MiB - (10 + 40) * MiB
+    tight = replay(trace, capacity_bytes=45 * MiB, headroom=True)
+    assert tight.out_of_memory and tight.oom_event_index == 3
+    assert tight.headroom_bytes == -(10 * MiB + 40 * MiB - 45 * MiB)
+    assert tight == dataclasses.replace(replay(trace, capacity_bytes=45 * MiB), headroom_bytes=tight.headroom_bytes)

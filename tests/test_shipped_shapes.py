@@ -86,6 +86,31 @@ def test_shipped_adapter_counts_equal_peft_s_own():
     assert shipped_count(_source("gpt2"), Task.CAUSAL_LM, 2, FineTune(method=Method.LORA, lora_r=8), "float32") is None
 
 
+def test_shipped_quantized_bases_equal_bitsandbytes_own():
+    """Random catalog models at their default task: the shipped QLoRA base (or refusal) is
+    what transformers' bitsandbytes integration makes of the model."""
+    from planner.adapters import built_quantized_base
+    from planner.shipped_adapters import SHIPPED_QUANTIZATION, shipped_quantized
+
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    quant_type, double_quant = SHIPPED_QUANTIZATION
+    for name in rng.sample(list(catalog_entries()), 3):
+        task = catalog_entries()[name].default_task
+        try:
+            built = built_quantized_base(_source(name), task, 2, double_quant, quant_type)
+        except PlannerInputError as error:
+            with pytest.raises(PlannerInputError) as shipped_error:
+                shipped_quantized(_source(name), task, 2, double_quant, quant_type)
+            assert str(shipped_error.value) == str(error), f"seed {seed}: {name}"
+            continue
+        assert shipped_quantized(_source(name), task, 2, double_quant, quant_type) == built, f"seed {seed}: {name}"
+    # Other settings are not shipped: they are built.
+    assert shipped_quantized(_source("gpt2"), Task.CAUSAL_LM, 2, double_quant, "fp4") is None
+    assert shipped_quantized(_source("gpt2"), Task.CAUSAL_LM, 2, not double_quant, quant_type) is None
+
+
 def test_a_shape_built_under_another_transformers_is_not_read(tmp_path, monkeypatch):
     import planner.shipped_shapes as shipped
 
@@ -99,8 +124,9 @@ def test_a_shape_built_under_another_transformers_is_not_read(tmp_path, monkeypa
 
 
 def test_planning_a_catalog_model_imports_neither_torch_nor_transformers():
-    """An estimate, the largest batch and sequence, and What fits' search with its LoRA plans
-    (the dashboard's default model, which PEFT refuses all-linear LoRA for)."""
+    """An estimate, the largest batch and sequence, a QLoRA estimate (its quantised base
+    shipped), and What fits' search with its LoRA plans (the dashboard's default model, which
+    PEFT refuses all-linear LoRA for)."""
     script = (
         "import sys\n"
         "from planner.loading import load_model_shape\n"
@@ -111,6 +137,7 @@ def test_planning_a_catalog_model_imports_neither_torch_nor_transformers():
         "scenario = scenario_from_values(task='causal-lm', batch_size=4, seq_len=512)\n"
         "estimate(shape, scenario)\n"
         "fit_limits(shape, scenario, 80 * 2**30)\n"
+        "estimate(shape, scenario_from_values(task='causal-lm', batch_size=1, seq_len=512, finetune='qlora'))\n"
         "from planner.fit import FitTarget, find_fits\n"
         "from planner.gpus import GPUS\n"
         "bert = load_model_shape('distilbert-base-cased', Task.SEQUENCE_CLASSIFICATION)\n"
