@@ -37,8 +37,8 @@ allowed_memory_bytes=None)` is the stateful model: `malloc(key, nbytes)`, `free(
 `reserved_bytes`, `peak_allocated_bytes`, `peak_reserved_bytes`,
 `reserved_at_peak_allocated_bytes`, `reserved_bytes_small_pool` /
 `reserved_bytes_large_pool`, `segments` (cudaMalloc'd), `expandable_segments`;
-`live_keys()`, `releasable_bytes()` and `check_invariants()` (an O(blocks) consistency
-check for tests).
+`live_keys()`, `releasable_bytes()`, `least_room_bytes` and `check_invariants()` (an
+O(blocks) consistency check for tests).
 `malloc` raises `CudaOutOfMemoryError` where torch would raise torch.OutOfMemoryError.
 
 Rules modelled (source function in CUDACachingAllocator.cpp unless said otherwise)
@@ -84,19 +84,20 @@ Rules modelled (source function in CUDACachingAllocator.cpp unless said otherwis
 Headroom
 --------
 Whether a replay within a capacity runs out of memory is all a fit search needs, but a
-yes or no per replay makes it bisect a sequence length token by token (a 7B step is a
-fifth of a second to replay). A replay with `headroom=True` also measures how close it
-came: a cudaMalloc (or a page mapping) can fail only where the allocator needs new
-memory, and then it first releases its cache, so at each such moment the memory it
+yes or no per replay makes it bisect a sequence length token by token (a 7B step's
+replay takes about 0.15 s on two cores). A replay with `headroom=True` also measures how
+close it came: a cudaMalloc (or a page mapping) can fail only where the allocator needs
+new memory, and then it first releases its cache, so at each such moment the memory it
 needs at least is what it keeps after that release (`reserved_bytes -
 releasable_bytes()`) plus the new segment. `headroom_bytes` is the capacity less the
 largest such need: >= 0 exactly when the replay never runs out of memory (the sign is
-the replay's answer). Where it runs out, the replay goes on as if the capacity had been
-raised by what the request lacked, and `headroom_bytes` is minus the sum of those
-shortfalls. Either way it is a measure along this replay's own order of releases, not
-the capacity another replay would need: a guide for where to test next, never the test.
-For expandable segments the new segment is the request rounded up to whole pages (the
-mapping may need fewer).
+the replay's answer). Where it runs out, `headroom_bytes` is minus what the request that
+ran out lacked after the release: how far over it was at that moment; the step may lack
+more later (going on to measure that would cost a whole replay, where an out-of-memory
+replay stops at its first shortfall, often early in the step). Either way it is a measure along this replay's own order of releases, not
+the capacity another replay would need: a guide for where to test next, never the test
+(planner.fit). For expandable segments the new segment is the request rounded up to
+whole pages (the mapping may need fewer).
 
 Known limitations
 -----------------
@@ -165,7 +166,7 @@ class CudaOutOfMemoryError(Exception):
         )
         self.request_bytes = request_bytes
         self.event_index: int | None = None  # set by CachingAllocator.replay
-        self.figures: tuple[int, ...] | None = None  # a headroom replay's stats at this moment
+        self.shortfall_bytes: int | None = None  # what cudaMalloc (or the mapping) lacked, after the release
         self.allocation_bytes = allocation_bytes
         self.allocated_bytes = allocated_bytes
         self.reserved_bytes = reserved_bytes
@@ -211,7 +212,7 @@ class ReplayResult:
     oom_event_index: int | None = None  # index into prefix + events * repeats
     oom_request_bytes: int | None = None
     # With a capacity and headroom=True (see Headroom): >= 0, the least room left at a moment
-    # needing new memory; < 0, minus the shortfalls of a replay that ran out. Else None.
+    # needing new memory; < 0, minus what the request that ran out lacked. Else None.
     headroom_bytes: int | None = None
 
     def __post_init__(self):
@@ -305,13 +306,10 @@ class CachingAllocator:
             raise ValueError("capacity_bytes must be >= 0")
         if headroom and capacity_bytes is None:
             raise ValueError("headroom is measured against a capacity: give capacity_bytes")
-        # See Headroom in the module docstring. `first_oom`: where it first ran out, with the
-        # figures of that moment (it then goes on, past the capacity it was given).
+        # See Headroom in the module docstring.
         self._headroom = headroom
         self._least_room: int | None = None
-        self._shortfall = 0
         self._map_shortfall = 0
-        self.first_oom: CudaOutOfMemoryError | None = None
         if allowed_memory_bytes is not None and allowed_memory_bytes < 0:
             raise ValueError("allowed_memory_bytes must be >= 0")
         self.allowed_memory_bytes = allowed_memory_bytes
@@ -431,9 +429,10 @@ class CachingAllocator:
                 block = self._alloc_block(pool, size, alloc_size)
             if block is None:
                 error = CudaOutOfMemoryError(nbytes, alloc_size, self._allocated, self._reserved)
-                if not self._headroom:
-                    raise error
-                block = self._alloc_past_capacity(error, pool, size, alloc_size)
+                if self.capacity_bytes is not None:
+                    error.shortfall_bytes = max(K_MIN_BLOCK_SIZE, self._map_shortfall if self._expandable
+                                                else self._reserved + alloc_size - self.capacity_bytes)
+                raise error
         # should_split
         remaining = block.size - size
         if pool.small or self._expandable:
@@ -500,14 +499,10 @@ class CachingAllocator:
         return total
 
     @property
-    def headroom_bytes(self) -> int | None:
-        """See Headroom in the module docstring; None without headroom=True or before any
-        moment needing new memory."""
-        if not self._headroom:
-            return None
-        if self.first_oom is not None:
-            return -self._shortfall
-        return None if self._least_room is None else max(0, self._least_room)
+    def least_room_bytes(self) -> int | None:
+        """With headroom=True, the least room left so far at a moment needing new memory (see
+        Headroom in the module docstring); None without it or before any such moment."""
+        return self._least_room
 
     def replay(self, events: Iterable[tuple[Hashable, int]], start_index: int = 0) -> int:
         """Replay events; returns how many ran. Raises CudaOutOfMemoryError with
@@ -515,16 +510,6 @@ class CachingAllocator:
         malloc = self.malloc
         free = self.free
         i = start_index
-        if self._headroom:  # never raises: marks where it first ran out
-            for key, nbytes in events:
-                if nbytes == FREE:
-                    free(key)
-                else:
-                    malloc(key, nbytes)
-                    if self.first_oom is not None and self.first_oom.event_index is None:
-                        self.first_oom.event_index = i
-                i += 1
-            return i - start_index
         try:
             for key, nbytes in events:
                 if nbytes == FREE:
@@ -545,25 +530,6 @@ class CachingAllocator:
         room = self.capacity_bytes - (self._reserved - self.releasable_bytes() + alloc_size)
         if self._least_room is None or room < self._least_room:
             self._least_room = room
-
-    def _alloc_past_capacity(self, error: CudaOutOfMemoryError, pool: _Pool, size: int,
-                             alloc_size: int) -> _Block:
-        # Out of memory after releasing the cache: keep the figures of this first moment, then
-        # raise the capacity by what the request lacked and go on.
-        if self.first_oom is None:
-            error.figures = (self._peak_allocated, self._peak_reserved, self._reserved_at_peak,
-                             self._allocated, self._reserved, self._cuda_segments, self._expandable_segments)
-            self.first_oom = error
-        for _ in range(64):  # an expandable mapping may need one raise per page range it maps
-            lacking = (self._map_shortfall if self._expandable
-                       else self._reserved + alloc_size - self.capacity_bytes)
-            lacking = max(lacking, K_MIN_BLOCK_SIZE)
-            self._shortfall += lacking
-            self.capacity_bytes += lacking
-            block = self._alloc_block(pool, size, alloc_size)
-            if block is not None:
-                return block
-        raise error  # only a per-process memory fraction refuses every raise
 
     # --- the allocator's private functions ---------------------------------------
     def _get_free_block(self, pool: _Pool, size: int) -> _Block | None:
@@ -897,14 +863,21 @@ def replay(events: Sequence[tuple[Hashable, int]], *, prefix: Sequence[tuple[Has
     except CudaOutOfMemoryError as error:
         oom = error
         done = error.event_index
-    figures = (allocator.peak_allocated_bytes, allocator.peak_reserved_bytes,
-               allocator.reserved_at_peak_allocated_bytes, allocator.allocated_bytes, allocator.reserved_bytes,
-               allocator.segments, allocator.expandable_segments)
-    if allocator.first_oom is not None:  # headroom: the figures of the moment it ran out
-        oom = allocator.first_oom
-        done = oom.event_index
-        figures = oom.figures
-    return ReplayResult(*figures, events_replayed=done, out_of_memory=oom is not None,
-                        oom_event_index=None if oom is None else oom.event_index,
-                        oom_request_bytes=None if oom is None else oom.request_bytes,
-                        headroom_bytes=allocator.headroom_bytes)
+    headroom_bytes = None
+    if headroom:
+        least = allocator.least_room_bytes
+        headroom_bytes = -oom.shortfall_bytes if oom is not None else None if least is None else max(0, least)
+    return ReplayResult(
+        peak_allocated_bytes=allocator.peak_allocated_bytes,
+        peak_reserved_bytes=allocator.peak_reserved_bytes,
+        reserved_at_peak_allocated_bytes=allocator.reserved_at_peak_allocated_bytes,
+        allocated_bytes=allocator.allocated_bytes,
+        reserved_bytes=allocator.reserved_bytes,
+        segments=allocator.segments,
+        expandable_segments=allocator.expandable_segments,
+        events_replayed=done,
+        out_of_memory=oom is not None,
+        oom_event_index=None if oom is None else oom.event_index,
+        oom_request_bytes=None if oom is None else oom.request_bytes,
+        headroom_bytes=headroom_bytes,
+    )

@@ -58,8 +58,8 @@ Peak memory grows monotonically with batch size and with sequence length (every 
 is a non-decreasing function of both), which is what makes bisection exact. Estimates
 take tens of microseconds, so a search (about 2·log2(limit) estimates) is instant. On
 CUDA each answer is also tested by the caching allocator's replay (planner.device_fit),
-a fifth of a second for a 7B step: the finder's first search of a 7B model replays
-a few hundred plans, later ones are cached (benchmarks/fit_speed.py).
+about 0.15 s for a 7B step: the finder's first search of a 7B model replays a few
+hundred plans, later ones are cached (benchmarks/fit_speed.py).
 
 FIT_ERROR_MARGIN is the planner's stated error on a peak: within it, a measured peak
 may differ from the estimate (benchmarks/accuracy.py checks 2%; 3% leaves room for
@@ -121,8 +121,8 @@ def _room(answer: object) -> int | None:
 def _largest_passing(peak_for: Callable[[int], int | None], passes: Callable[[int], object],
                      good: int, bad: int, bad_room: int | None) -> int:
     """An n in (good, bad) that passes `passes` while n + 1 fails (good passes, bad fails; 0
-    when none passed yet), in few tests: each is a replay of the step, a fifth of a second
-    for a 7B model. Near the answer the replay's verdict need not be monotone (where the
+    when none passed yet), in few tests: each is a replay of the step, about 0.15 s for a
+    7B model. Near the answer the replay's verdict need not be monotone (where the
     allocator starts releasing its cache, one more token can fit where the last did not):
     any such n is an answer, as it is bisection's."""
     if bad_room is None:
@@ -157,41 +157,51 @@ def _bisected(passes: Callable[[int], object], good: int, bad: int) -> int:
 
 def _regula_falsi(peak_for: Callable[[int], int | None], passes: Callable[[int], object],
                   good: int, bad: int, bad_room: int) -> int:
-    """With rooms (bytes left, negative when short: planner.device_fit.Headroom), each test
-    aims where the room crosses zero: on the line between the bracket's ends (regula falsi,
-    with Illinois' halving of an end's room when that end is kept twice in a row, so that
-    the aim does not creep), and before any passing room is measured, at the n whose live
-    peak is lower by the shortfall. A replay's room is close to linear in the batch or the
-    sequence (the step's tensors are) but not exactly (which cached blocks it releases and
-    reuses differs from one n to the next, by a few hundred MB on a 7B step), so the aims
-    interpolate between the bracket's ends, never beyond them. The rooms only choose where
-    to test; after two aimed tests in a row that do not halve the bracket the next one
-    bisects it, so misleading rooms cost at most about 3·log2 of the range."""
-    good_room: float | None = None
-    kept, slow = 0, 0  # kept: 1 when the last test moved good, -1 when it moved bad
-    while bad - good > 1:
-        width = bad - good
-        if slow >= 2:
-            n, slow, aimed = (good + bad) // 2, 0, False
-        else:
-            if good_room is None:
-                peak = peak_for(bad)
-                crossing = good + 1 if peak is None else _last_at_most(peak_for, peak + bad_room, good, bad)
-            else:
-                crossing = good + (bad - good) * good_room / (good_room - bad_room)
-            n, aimed = min(max(int(crossing), good + 1), bad - 1), True
+    """With rooms (bytes left, negative when short: planner.device_fit.Headroom). A failing
+    replay's room is the shortfall of the request that ran out, which the whole step may
+    exceed (planner.cuda_allocator, Headroom), so until a test passes the search steps down from the
+    failing end by at least the distance that shortfall implies (the n whose live peak is
+    lower by it), doubling the step; then each test aims where the room crosses zero, on the
+    line between the bracket's ends (regula falsi, with Illinois' halving of an end's room
+    when that end is kept twice in a row, so that the aims do not creep from one side). A
+    replay's room is close to linear in the batch or the sequence (the step's tensors are)
+    but not exactly: which cached blocks it releases and reuses differs from one n to the
+    next, by a few hundred MB on a 7B step. So the rooms only choose where to test, and after
+    two aims in a row that do not halve the bracket the next test bisects it."""
+    peak = peak_for(bad)
+    implied = bad - (good + 1 if peak is None else _last_at_most(peak_for, peak + bad_room, good, bad))
+    step = max(1, implied)
+    while bad - good > 1:  # nothing has passed yet (good is the caller's, its room unknown)
+        n = max(bad - step, good + 1)
         answer = passes(n)
         room = _room(answer)
-        if room is None:  # no measure: bisect the rest
+        if room is None:
             return _bisected(passes, *((n, bad) if answer else (good, n)))
         if answer:
             good, good_room = n, room
-            if kept == 1:
+            break
+        bad, bad_room, step = n, room, 2 * step
+    kept, slow = 1, 0  # kept: 1 when the last test moved good, -1 when it moved bad
+    while bad - good > 1:
+        width = bad - good
+        aimed = slow < 2
+        if aimed:
+            n = int(good + (bad - good) * good_room / (good_room - bad_room))
+        else:
+            n, slow = (good + bad) // 2, 0
+        n = min(max(n, good + 1), bad - 1)
+        answer = passes(n)
+        room = _room(answer)
+        if room is None:
+            return _bisected(passes, *((n, bad) if answer else (good, n)))
+        if answer:
+            good, good_room = n, room
+            if kept == 1:  # Illinois: the failing end was kept twice, its weight halves
                 bad_room /= 2
             kept = 1
         else:
             bad, bad_room = n, room
-            if kept == -1 and good_room is not None:
+            if kept == -1:
                 good_room /= 2
             kept = -1
         if aimed:

@@ -110,8 +110,10 @@ def _headroom_trials(seed: int, rooms: str):
     """(peak_answer, boundary, known fit, largest_fitting's answer, the n it tested) for 300
     random searches whose costlier test passes up to `boundary`, answering the room left:
     "smooth", the live peak's bytes plus a fragmentation that grows with n, against a
-    capacity between the boundary's need and the next one's; "adversarial", a random
-    magnitude of the right sign."""
+    capacity between the boundary's need and the next one's; "understated", the same but a
+    failing test's shortfall is a random 5-100% of it (a replay stops at its first request
+    that does not fit: planner.cuda_allocator, Headroom); "adversarial", a random magnitude
+    of the right sign."""
     from planner.device_fit import Headroom
 
     rng = random.Random(seed)
@@ -131,8 +133,12 @@ def _headroom_trials(seed: int, rooms: str):
         def passes(n):
             calls.append(n)
             assert 1 <= n <= peak_answer
-            room = capacity - need(n) if rooms == "smooth" else (
-                rng.randint(0, 10**12) if n <= boundary else -rng.randint(1, 10**12))
+            if rooms == "adversarial":
+                room = rng.randint(0, 10**12) if n <= boundary else -rng.randint(1, 10**12)
+            else:
+                room = capacity - need(n)
+                if rooms == "understated" and room < 0:  # a failing replay stops at its first shortfall
+                    room = min(-1, int(room * rng.uniform(0.05, 1.0)))
             return Headroom(n <= boundary, room)
 
         found = largest_fitting(lambda n: per_unit * n, per_unit * peak_answer, 1 << 20, known_fit=known,
@@ -140,25 +146,28 @@ def _headroom_trials(seed: int, rooms: str):
         yield peak_answer, boundary, known, found, calls
 
 
-def test_measured_rooms_find_the_same_answer_in_a_few_tests():
+@pytest.mark.parametrize("rooms, mean_at_most, most", [("smooth", 5.0, 12), ("understated", 7.5, 30)])
+def test_measured_rooms_find_the_same_answer_in_a_few_tests(rooms, mean_at_most, most):
     """With the replay's headroom (planner.device_fit.Headroom), the search lands on the same
     boundary as bisection would, in fewer tests where the room is the smooth function of n a
-    step's tensors give it: 4.7 on average over 100,000 searches, none above 11 (bisection
-    from the peak's answer: up to 2·log2 of the distance, 25 here)."""
+    step's tensors give it (over 90,000 searches: smooth 4.4 on average, none above 9;
+    understated 6.7, none above 23), where stepping down from the peak's answer takes up to
+    2·log2 of the distance (25 here)."""
     seed = random.SystemRandom().randrange(2**32)
     print(f"seed {seed}")
     counts = []
-    for peak_answer, boundary, known, found, calls in _headroom_trials(seed, "smooth"):
+    for peak_answer, boundary, known, found, calls in _headroom_trials(seed, rooms):
         assert found == (boundary or None), (seed, peak_answer, boundary, known, calls)
-        assert len(calls) <= 12, (seed, peak_answer, boundary, known, calls)
+        assert len(calls) <= most, (seed, peak_answer, boundary, known, calls)
         counts.append(len(calls))
-    assert sum(counts) / len(counts) <= 5.5, (seed, sum(counts) / len(counts))
+    assert sum(counts) / len(counts) <= mean_at_most, (seed, sum(counts) / len(counts))
 
 
 def test_misleading_rooms_still_find_the_answer_in_logarithmic_tests():
-    """Rooms of the right sign but any size: the answer is still the test's boundary, and
-    bisecting after two aimed tests that do not halve the bracket bounds the tests by about
-    3·log2 of the range searched (2.2·log2 at most over 100,000 searches)."""
+    """Rooms of the right sign but any size: the answer is still the test's boundary, in at
+    most about 3·log2 of the range searched (2.2·log2 at most over 90,000 searches): the
+    step down from the failing end doubles, and after two aims that do not halve the bracket
+    the next test bisects it."""
     seed = random.SystemRandom().randrange(2**32)
     print(f"seed {seed}")
     for peak_answer, boundary, known, found, calls in _headroom_trials(seed, "adversarial"):
