@@ -13,12 +13,19 @@ with a simulated (fake-tensor) run of the same scenario, measured in the same ru
   25 GiB), so the finder answers "nothing fits"; the simulated run checks the finder's
   smallest plan (batch 1) really is over 24 GB. The same search on an A100 40 GB finds
   plans; the best one is simulated too, at the finder's largest batch.
+- The search below a failing answer (planner.fit `_largest_passing`): for each plan the
+  A10 "largest batch" search proposes, its largest sequence searched again with the
+  replay's verdict alone (stepping down from the live-tensor answer, then bisecting: the
+  search before the replay reported its headroom) and with its headroom (regula falsi),
+  counting the replays each makes; and the best plan's verdict replayed token by token
+  around its answer, where it need not be monotone.
 
 Writes benchmarks/results/fit_speed.md. Run: python benchmarks/fit_speed.py
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import statistics
@@ -32,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from planner.catalog import catalog_config
 from planner.device_fit import reserved_check
 from planner.finetune import Method
-from planner.fit import FitTarget, find_fits, smallest_plan
+from planner.fit import FitTarget, find_fits, max_seq_len, smallest_plan
 from planner.gpus import GPUS
 from planner.loading import load_model_shape
 from planner.scenario import Checkpointing, Task, scenario_from_values
@@ -94,6 +101,55 @@ def timed_searches(shape, base, gpu, num_devices: int = 1) -> list[tuple[str, in
     return rows
 
 
+def search_below_answer(shape, result) -> list[str]:
+    """Replays per largest-sequence search, verdict alone against headroom, for the A10 plans;
+    and the best plan's verdict token by token around its answer."""
+    gpu = GPUS["a10"]
+    check = reserved_check(gpu.capacity_bytes, result.options[0].scenario.device, gpu)
+    room = result.room_bytes(result.options[0].strategy)
+    lines = ["", "## The search below a failing answer", "",
+             ("Largest sequence of each plan above (A10 24 GB, largest batch), searched with the replay's verdict "
+              "alone (stepping down from the live-tensor answer, doubling the step, then bisecting) and with its "
+              "headroom (regula falsi); both answers pass and one token more fails."), "",
+             "| plan | verdict alone: replays | answer (tokens) | with headroom: replays | answer (tokens) |",
+             "|---|---:|---:|---:|---:|"]
+    totals = [0, 0]
+    for option in result.options:
+        counts, answers = [], []
+        for guided in (False, True):
+            calls = []
+
+            def passes(s, scenario, plan, guided=guided, calls=calls):
+                calls.append(scenario.seq_len)
+                verdict = check(s, scenario, plan)
+                return verdict if guided else bool(verdict)
+
+            answers.append(max_seq_len(shape, option.scenario, room, known_fit=option.scenario.seq_len,
+                                       check=passes))
+            counts.append(len(calls))
+        totals = [totals[0] + counts[0], totals[1] + counts[1]]
+        lines.append(f"| {describe(option.scenario)} | {counts[0]} | {answers[0]:,} | {counts[1]} | {answers[1]:,} |")
+        print(lines[-1], flush=True)
+    count = len(result.options)
+    lines.append(f"| **all {count}** | **{totals[0]}** ({totals[0] / count:.1f} each) | | **{totals[1]}** "
+                 f"({totals[1] / count:.1f} each) | |")
+    best = result.options[0]
+    answer = max_seq_len(shape, best.scenario, room, known_fit=best.scenario.seq_len, check=check)
+    lengths = range(answer - 70, answer + 31)
+    verdicts = [bool(check(shape, dataclasses.replace(best.scenario, seq_len=n), None)) for n in lengths]
+    turns = sum(a != b for a, b in zip(verdicts, verdicts[1:]))
+    passing = [n for n, ok in zip(lengths, verdicts) if ok]
+    failing = [n for n, ok in zip(lengths, verdicts) if not ok]
+    lines += ["", (f"The best plan ({describe(best.scenario)}), its verdict replayed at every length from "
+                   f"{lengths[0]:,} to {lengths[-1]:,} tokens: {len(passing)} pass, {len(failing)} fail, the verdict "
+                   f"changes {turns} times; the shortest failing length is {min(failing, default=0):,}, the longest "
+                   f"passing {max(passing, default=0):,} (the search answered {answer:,}). Where the allocator "
+                   "starts releasing its cache the verdict need not be monotone: any length that passes with one "
+                   "more failing is an answer, as it is bisection's.")]
+    print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     started = time.perf_counter()
     base = scenario_from_values(task="causal-lm", batch_size=1, seq_len=SEQ)
@@ -143,8 +199,9 @@ def main() -> None:
                  f"{simulated:,} | {simulated / best.peak_bytes - 1:+.3%} | {a100.capacity_bytes:,} | "
                  f"{'fits' if simulated <= a100.capacity_bytes else 'OVER capacity'} | {sim_s:.1f} |")
     print(lines[-1], flush=True)
-    lines += ["", ("Once its replays are cached a search answers in milliseconds; a simulated run of one scenario "
-              "(fake tensors, one steady-state step) takes the time in the last column.")]
+    lines += ["", ("Once its replays are cached a search answers in the median time above; a simulated run of one "
+              "scenario (fake tensors, one steady-state step) takes the time in the last column.")]
+    lines += search_below_answer(shape, summaries[("a10", "largest batch")])
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text("\n".join(lines) + "\n")
     print(f"wrote {RESULTS}")

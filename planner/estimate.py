@@ -375,11 +375,30 @@ def adapter_tensors(shape: ModelShape, scenario: Scenario) -> AdapterTensors:
     return AdapterTensors(tuple(stored), count.trainable, parameters, count)
 
 
+# _adapter_states by what they depend on (not the batch, sequence or loop): a fit search
+# estimates one plan at dozens of batch sizes and sequence lengths, and these sums over every
+# stored and trainable tensor (thousands for a 7B model) are the same at each.
+_ADAPTER_STATES: dict[tuple, tuple] = {}
+_ADAPTER_STATES_KEPT = 256
+
+
 def _adapter_states(shape: ModelShape, scenario: Scenario):
     """(weights, gradients, optimizer state, trainable parameters, frozen weight bytes, the
     AdapterCount they come from) of LoRA:
     the frozen base and the adapters as PEFT builds them, gradients and state for the
     trainable tensors only (planner.adapters)."""
+    key = (shape.source_config, shape.float_buffer_elements, shape.other_buffer_bytes, scenario.task,
+           scenario.num_labels, scenario.finetune, scenario.precision, scenario.device, scenario.optimizer,
+           scenario.engine)
+    found = _ADAPTER_STATES.get(key)
+    if found is None:
+        if len(_ADAPTER_STATES) >= _ADAPTER_STATES_KEPT:
+            _ADAPTER_STATES.clear()
+        found = _ADAPTER_STATES[key] = _built_adapter_states(shape, scenario)
+    return found
+
+
+def _built_adapter_states(shape: ModelShape, scenario: Scenario):
     tensors = adapter_tensors(shape, scenario)
     count = tensors.count
     on_device = allocation(scenario.device)  # each tensor in 512-byte blocks on CUDA

@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -159,18 +160,16 @@ def _regula_falsi(peak_for: Callable[[int], int | None], passes: Callable[[int],
                   good: int, bad: int, bad_room: int) -> int:
     """With rooms (bytes left, negative when short: planner.device_fit.Headroom). A failing
     replay's room is the shortfall of the request that ran out, which the whole step may
-    exceed (planner.cuda_allocator, Headroom), so until a test passes the search steps down from the
-    failing end by at least the distance that shortfall implies (the n whose live peak is
-    lower by it), doubling the step; then each test aims where the room crosses zero, on the
-    line between the bracket's ends (regula falsi, with Illinois' halving of an end's room
-    when that end is kept twice in a row, so that the aims do not creep from one side). A
-    replay's room is close to linear in the batch or the sequence (the step's tensors are)
-    but not exactly: which cached blocks it releases and reuses differs from one n to the
-    next, by a few hundred MB on a 7B step. So the rooms only choose where to test, and after
-    two aims in a row that do not halve the bracket the next test bisects it."""
-    peak = peak_for(bad)
-    implied = bad - (good + 1 if peak is None else _last_at_most(peak_for, peak + bad_room, good, bad))
-    step = max(1, implied)
+    exceed (planner.cuda_allocator, Headroom), so until a test passes the search steps down
+    from the failing end by at least the distance that shortfall implies on the live peak's
+    slope, doubling the step; then each test aims where the room crosses zero, on the line
+    between the bracket's ends (regula falsi, with Illinois' halving of an end's room when
+    that end is kept twice in a row, so that the aims do not creep from one side). A replay's
+    room is close to linear in the batch or the sequence (the step's tensors are) but not
+    exactly: which cached blocks it releases and reuses differs from one n to the next, by a
+    few hundred MB on a 7B step. So the rooms only choose where to test, and after two aims
+    in a row that do not halve the bracket the next test bisects it."""
+    step = _implied_distance(peak_for, bad, bad_room)
     while bad - good > 1:  # nothing has passed yet (good is the caller's, its room unknown)
         n = max(bad - step, good + 1)
         answer = passes(n)
@@ -184,7 +183,7 @@ def _regula_falsi(peak_for: Callable[[int], int | None], passes: Callable[[int],
     kept, slow = 1, 0  # kept: 1 when the last test moved good, -1 when it moved bad
     while bad - good > 1:
         width = bad - good
-        aimed = slow < 2
+        aimed = slow < _SLOW_AIMS
         if aimed:
             n = int(good + (bad - good) * good_room / (good_room - bad_room))
         else:
@@ -209,17 +208,20 @@ def _regula_falsi(peak_for: Callable[[int], int | None], passes: Callable[[int],
     return good
 
 
-def _last_at_most(peak_for: Callable[[int], int | None], bytes_: int, low: int, high: int) -> int:
-    """The largest n in (low, high) whose peak is at most `bytes_` (low when none), by
-    bisection: peak_for(high) is known to be above it."""
-    while high - low > 1:
-        middle = (low + high) // 2
-        peak = peak_for(middle)
-        if peak is not None and peak <= bytes_:
-            low = middle
-        else:
-            high = middle
-    return low
+# Aims in a row that do not halve the bracket before one bisection: where the room jumps
+# between two lengths (a tensor crossing into another segment size, or the allocator starting
+# to release its cache) there is nothing to interpolate.
+_SLOW_AIMS = 2
+
+
+def _implied_distance(peak_for: Callable[[int], int | None], bad: int, shortfall: float) -> int:
+    """How far below `bad` the live peak is lower by `shortfall` (bytes, negative), on the
+    peak's slope at `bad` (the live peak is close to linear in the batch and the sequence);
+    at least 1."""
+    peak, below = peak_for(bad), peak_for(bad - 1) if bad > 1 else None
+    if peak is None or below is None or peak <= below:
+        return 1
+    return max(1, math.ceil(-shortfall / (peak - below)))
 
 
 def _largest_by_peak(peak_for: Callable[[int], int | None], capacity_bytes: int, limit: int,
