@@ -125,8 +125,10 @@ def test_a_shape_built_under_another_transformers_is_not_read(tmp_path, monkeypa
 
 def test_planning_a_catalog_model_imports_neither_torch_nor_transformers():
     """An estimate, the largest batch and sequence, a QLoRA estimate (its quantised base
-    shipped), and What fits' search with its LoRA plans (the dashboard's default model, which
-    PEFT refuses all-linear LoRA for)."""
+    shipped), What fits' search with its LoRA plans (the dashboard's default model, which
+    PEFT refuses all-linear LoRA for), and a CUDA search that proposes QLoRA plans, each
+    answer tested by the caching allocator's replay: none imports torch, transformers, PEFT
+    or bitsandbytes."""
     script = (
         "import sys\n"
         "from planner.loading import load_model_shape\n"
@@ -144,7 +146,15 @@ def test_planning_a_catalog_model_imports_neither_torch_nor_transformers():
         "base = scenario_from_values(task='sequence-classification', batch_size=8, seq_len=512)\n"
         "fits = find_fits(bert, base, 15 * 2**30, FitTarget(seq_len=512, effective_batch=8), GPUS['t4'])\n"
         "assert any('LoRA plans left out: PEFT refuses' in line for line in fits.left_out), fits.left_out\n"
-        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+        "from planner.device_fit import reserved_check\n"
+        "from planner.finetune import Method\n"
+        "from planner.verdict import room_for_plans\n"
+        "gpt2, a10 = load_model_shape('gpt2', Task.CAUSAL_LM), GPUS['a10']\n"
+        "base = scenario_from_values(task='causal-lm', batch_size=1, seq_len=512)\n"
+        "fits = find_fits(gpt2, base, a10.capacity_bytes, FitTarget(512), a10, room_for=room_for_plans(\n"
+        "    a10.capacity_bytes, base.device, a10), check=reserved_check(a10.capacity_bytes, base.device, a10))\n"
+        "assert any(o.scenario.finetune.method is Method.QLORA for o in fits.options), fits.options\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'peft', 'bitsandbytes') if m in sys.modules))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
