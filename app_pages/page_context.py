@@ -4,11 +4,13 @@ rerun, with bad input shown as one error line (the page then stops drawing, the 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -148,6 +150,41 @@ def cached_for_model(context: PageContext, kind: str, build: Callable[[], T], *i
     rest of the sidebar (the lines of "peak against batch size" start from the baseline's
     optimizer and precision whatever the sidebar says): a change of those serves it from the cache."""
     return _per_scenario(kind, (context.config_digest, context.name, *inputs), build)  # type: ignore[return-value]
+
+
+# Long searches (What fits), server-wide by scenario and page inputs: computed outside
+# st.cache_resource, whose cached-element replay refuses a progress bar made outside the cached
+# function and updated from inside it (CacheReplayClosureError on the next session's hit).
+_SEARCHES: collections.OrderedDict[tuple, object] = collections.OrderedDict()
+_SEARCHES_KEPT = 64
+_SEARCHES_LOCK = threading.Lock()
+
+
+def searched_with_progress(context: PageContext, kind: str, label: str,
+                           search: Callable[[Callable[[int, int], None]], T], *inputs) -> T:
+    """`search(progress)` once per server for the same sidebar scenario, model and page
+    `inputs`, as cached_for_scenario, with a progress bar while it runs: `progress(done,
+    total)` moves it. Its result is shared: never mutate it. Two sessions asking at once may
+    both search (each is told its own progress); the first result kept is served after."""
+    key = (kind, context.scenario_key, *inputs)
+    with _SEARCHES_LOCK:
+        if key in _SEARCHES:
+            _SEARCHES.move_to_end(key)
+            return _SEARCHES[key]  # type: ignore[return-value]
+    bar = st.progress(0.0, text=f"{label}…")
+
+    def progress(done: int, total: int) -> None:
+        bar.progress(done / total if total else 1.0, text=f"{label}: {done:,} of {total:,} combinations")
+
+    try:
+        result = search(progress)
+    finally:
+        bar.empty()
+    with _SEARCHES_LOCK:
+        result = _SEARCHES.setdefault(key, result)
+        if len(_SEARCHES) > _SEARCHES_KEPT:
+            _SEARCHES.popitem(last=False)
+    return result  # type: ignore[return-value]
 
 
 _WAITING = {

@@ -18,7 +18,7 @@ from app_pages.fit_view import (
     plan_state,
     target_for,
 )
-from app_pages.page_context import cached_for_scenario, start_page
+from app_pages.page_context import cached_for_scenario, searched_with_progress, start_page
 from planner.device_fit import reserved_check
 from planner.errors import PlannerInputError
 from planner.fit import FIT_ERROR_MARGIN, find_fits
@@ -101,11 +101,13 @@ def render() -> None:
         budget = searchable_budget_bytes(capacity, context.scenario.device, preset_gpu(values), context.parallel)
         room_for = room_for_plans(capacity, context.scenario.device, preset_gpu(values))
         check = reserved_check(capacity, context.scenario.device, preset_gpu(values))
-        result = cached_for_scenario(
-            context, "what fits",
-            lambda: find_fits(shape, context.scenario, capacity, target, gpu, values.gpu_count, utilisation,
-                              allow_risky=allow_risky, strategy=context.parallel.strategy, room_for=room_for,
-                              lora=search_adapters, check=check),
+        # On CUDA each answer is tested by the caching allocator's replay: a 7B model's first
+        # search takes a minute or more on two cores (benchmarks/fit_speed.py).
+        result = searched_with_progress(
+            context, "what fits", "Searching every combination",
+            lambda progress: find_fits(shape, context.scenario, capacity, target, gpu, values.gpu_count,
+                                       utilisation, allow_risky=allow_risky, strategy=context.parallel.strategy,
+                                       room_for=room_for, lora=search_adapters, check=check, progress=progress),
             kind, utilisation, allow_risky, search_adapters)
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")

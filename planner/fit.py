@@ -628,7 +628,8 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
               num_devices: int = 1, utilisation: float = DEFAULT_UTILISATION,
               with_max_seq_len: bool = True, allow_risky: bool = False, strategy: Strategy | None = None,
               lora: bool = True, room_for: Callable[[ParallelPlan], int] | None = None,
-              check: FitsCheck | None = None) -> FitResult:
+              check: FitsCheck | None = None,
+              progress: Callable[[int, int], None] | None = None) -> FitResult:
     """Every technique combination that fits `capacity_bytes` per GPU and reaches `target`,
     ranked by the fewest and safest changes to the user's plan (`base`, under `strategy`,
     DDP by default with several GPUs), then by estimated step time at the target (time per
@@ -640,7 +641,8 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
     what the step's tensors may take per GPU under each strategy, when less than the
     capacity (planner.verdict: CUDA overheads, NCCL communicators per strategy); `check`: the
     verdict's further test of a plan (planner.device_fit.reserved_check: the caching
-    allocator replayed)."""
+    allocator replayed); `progress(done, total)`: told after each combination (a 7B model's
+    first search on CUDA replays for a minute or more), `total` being `combinations`."""
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
         raise PlannerInputError(f"number of devices must be a positive integer, got {num_devices!r}")
     if capacity_bytes <= 0:
@@ -678,6 +680,9 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
     options, misses, combinations, risky_left_out = [], {}, 0, 0
     rooms = {s: room_for(ParallelPlan(num_devices, s)) if room_for is not None else capacity_bytes
              for s in strategies}
+    per_strategy = len(optimizers) * len(SEARCH_CHECKPOINTING) * len(accumulations) * sum(
+        len(precisions if finetune.method is Method.FULL else lora_precisions) for finetune in finetunes)
+    total = per_strategy * sum(room > 0 for room in rooms.values())
     for plan_strategy in strategies:
         parallel = ParallelPlan(num_devices, plan_strategy)
         room = rooms[plan_strategy]
@@ -690,6 +695,8 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
                 for precision in (precisions if finetune.method is Method.FULL else lora_precisions):
                     for checkpointing in SEARCH_CHECKPOINTING:
                         for k in accumulations:
+                            if progress is not None:
+                                progress(combinations, total)
                             combinations += 1
                             micro = per_device // k if per_device is not None else None
                             # Fields only (no Scenario built) until the combination is searched.
@@ -719,6 +726,8 @@ def find_fits(shape: ModelShape, base: Scenario, capacity_bytes: int, target: Fi
                             options.append(FitOption(plan, plan_strategy, num_devices, best, seq,
                                                      result.per_device_peak_bytes, result.peak.phase.value,
                                                      timing, changes))
+    if progress is not None:
+        progress(combinations, total)
     by_sequence = target.batch_size is None and target.effective_batch is None
     options.sort(key=lambda o: (change_rank(o.changes), o.seconds_per_sequence if by_sequence else o.step_time_s,
                                 o.peak_bytes))

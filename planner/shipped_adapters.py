@@ -1,7 +1,7 @@
 """LoRA's adapter counts and QLoRA's quantised bases shipped for the catalog, so the fit
 finder searches LoRA and QLoRA plans of a catalog model without importing torch,
 transformers, PEFT or bitsandbytes (seconds on two cores, on the dashboard's What fits page
-among others: bitsandbytes alone took 4.8 s to import, on a 7B model's first search).
+among others: a catalog model's first QLoRA search imported bitsandbytes, and torch with it).
 
 `planner.adapters.adapter_count` builds the PEFT-wrapped model on the meta device; what it
 returns depends on the config, task, labels, dtype, the LoRA rank, alpha and targets, and

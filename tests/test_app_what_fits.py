@@ -228,3 +228,37 @@ def test_the_chart_tells_the_plans_apart_by_optimizer_precision_and_strategy():
     assert spec["layout"]["showlegend"] is True
     colours = {t["name"].split(",")[0]: t["marker"]["color"] for t in plans}
     assert len(set(colours.values())) == len(colours)  # one colour per optimizer
+
+
+def test_the_search_reports_progress_and_runs_once_per_server(monkeypatch):
+    """The search tells a progress bar how many combinations it has done (a 7B model's first
+    search on CUDA replays for a minute or more): the counts rise to the combinations it
+    reports; the bar is gone once the table is drawn; and a second session with the same
+    sidebar gets the first one's search without searching again (app_pages.page_context
+    searched_with_progress)."""
+    import app_pages.page_context as page_context
+    import planner.fit
+
+    monkeypatch.setattr(page_context, "_SEARCHES", type(page_context._SEARCHES)())
+    told, searches = [], []
+    real = planner.fit.find_fits
+
+    def counted(*args, progress=None, **kwargs):
+        def tell(done, total):
+            told.append((done, total))
+            progress(done, total)
+
+        result = real(*args, progress=tell, **kwargs)
+        searches.append(result)
+        return result
+
+    monkeypatch.setattr(planner.fit, "find_fits", counted)
+    first = what_fits()
+    assert len(searches) == 1
+    combinations = searches[0].combinations
+    assert told[0] == (0, combinations) and told[-1] == (combinations, combinations)
+    assert [done for done, _ in told] == sorted(done for done, _ in told)
+    assert {total for _, total in told} == {combinations}
+    assert not [e for e in first.main if type(e).__name__ == "Progress"]
+    what_fits()
+    assert len(searches) == 1
