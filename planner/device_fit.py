@@ -25,12 +25,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from planner.cuda_allocator import ReplayResult
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, Phase, estimate
 from planner.gpus import GpuSpec
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
-from planner.cuda_allocator import ReplayResult
 from planner.reserved import replayed_step
 from planner.scenario import CudaSegments, Device, Scenario
 from planner.strategy import ParallelPlan, Strategy
