@@ -14,7 +14,7 @@ import html
 import io
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -118,7 +118,8 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
                  gpu_count: int = 1, records: Iterable = (), config: dict | None = None,
                  run_steps: int = DEFAULT_RUN_STEPS, local_sgd_steps: int | None = None,
                  strategy: Strategy = Strategy.DDP, gpu: GpuSpec | None = None,
-                 search_adapters: bool = True, methods: list[MethodRow] | None = None) -> Report:
+                 search_adapters: bool = True, methods: list[MethodRow] | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> Report:
     """Everything a report shows, computed once. `records`: RunRecords (newest first) whose
     runs of this model are listed and matched to the techniques. With `gpu_count` > 1 the
     plan is per GPU under `strategy`, and the Multiple GPUs section compares the strategies,
@@ -126,7 +127,9 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
     `search_adapters`: What fits searches LoRA and QLoRA plans too (their first search probes
     the model's step). `values` may name a fine-tuning method (FINETUNE_KEYS): the plan is
     planned with it, the technique rows and the chart fine-tune in full as on the Techniques
-    page. `methods`: views.comparison.compare_methods' rows, shown when given."""
+    page. `methods`: views.comparison.compare_methods' rows, shown when given. `progress(done,
+    total)`: told as What fits' search goes through its combinations (planner.fit.find_fits;
+    on CUDA a 7B model's first search replays the caching allocator for a minute or more)."""
     values = {k: v for k, v in values.items() if k in SCENARIO_KEYS}
     full = {k: v for k, v in values.items() if k not in FINETUNE_KEYS}
     scenario = scenario_from_values(**values)
@@ -142,7 +145,7 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
         searchable_budget_bytes(capacity_bytes, scenario.device, gpu, parallel)
         fits, nearest, left_out = _fit_tables(shape, scenario, capacity_bytes, gpu_count, parallel.strategy,
                                               room_for_plans(capacity_bytes, scenario.device, gpu), search_adapters,
-                                              check)
+                                              check, progress)
     except PlannerInputError as error:  # the overheads alone fill the GPU: nothing to search
         fits, nearest, left_out = pd.DataFrame(), pd.DataFrame(), (str(error),)
     return Report(
@@ -163,8 +166,8 @@ FIT_ROWS_SHOWN = 10
 
 
 def _fit_tables(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int, strategy: Strategy,
-                room_for, search_adapters: bool = True,
-                check=None) -> tuple[pd.DataFrame, pd.DataFrame, tuple[str, ...]]:
+                room_for, search_adapters: bool = True, check=None, progress: Callable[[int, int], None] | None = None
+                ) -> tuple[pd.DataFrame, pd.DataFrame, tuple[str, ...]]:
     """The fit finder's best options (planner.fit) for the plan's effective batch and sequence,
     ranked by the fewest and safest changes to the plan; the nearest plans when none fits;
     the methods it left out and why."""
@@ -175,7 +178,7 @@ def _fit_tables(shape: ModelShape, scenario, capacity_bytes: int, gpu_count: int
     target = FitTarget(scenario.seq_len, effective_batch=scenario.batch_size * scenario.grad_accum_steps * gpu_count)
     result = find_fits(shape, scenario, capacity_bytes, target, nearest_gpu(capacity_bytes), gpu_count,
                        with_max_seq_len=False, strategy=strategy, room_for=room_for, lora=search_adapters,
-                       check=check)
+                       check=check, progress=progress)
     best = best_options_with_max_seq_len(shape, result, FIT_ROWS_SHOWN, check)
     unsearched = () if search_adapters else ("LoRA and QLoRA plans not searched (What fits' checkbox)",)
     return pd.DataFrame(fit_rows(best)), pd.DataFrame(nearest_rows(result)), (*unsearched, *result.left_out)

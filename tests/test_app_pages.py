@@ -331,6 +331,29 @@ def test_report_offers_four_downloads_and_previews_the_plan():
     assert "AdamW fp32 (baseline)" in preview
 
 
+def test_the_report_tells_its_search_s_progress_and_leaves_no_bar(monkeypatch):
+    """The report's What fits search moves a progress bar (reporting.build_report's
+    `progress`, told by planner.fit.find_fits from 0 to its combinations), gone once the
+    report is drawn."""
+    import reporting
+
+    told = []
+    real = reporting.build_report
+
+    def counted(*args, progress=None, **kwargs):
+        def tell(done, total):
+            told.append((done, total))
+            progress(done, total)
+
+        return real(*args, progress=tell, **kwargs)
+
+    monkeypatch.setattr(reporting, "build_report", counted)
+    at = app("report")
+    assert not at.exception
+    assert told and told[0][0] == 0 and told[-1][0] == told[-1][1] > 0
+    assert not [e for e in at.main if type(e).__name__ == "Progress"]
+
+
 def test_verify_cancels_a_waiting_run():
     import threading
     gate = threading.Event()
