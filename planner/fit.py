@@ -170,39 +170,30 @@ def _regula_falsi(peak_for: Callable[[int], int | None], passes: Callable[[int],
     few hundred MB on a 7B step. So the rooms only choose where to test, and after two aims
     in a row that do not halve the bracket the next test bisects it."""
     step = _implied_distance(peak_for, bad, bad_room)
-    while bad - good > 1:  # nothing has passed yet (good is the caller's, its room unknown)
-        n = max(bad - step, good + 1)
-        answer = passes(n)
-        room = _room(answer)
-        if room is None:
-            return _bisected(passes, *((n, bad) if answer else (good, n)))
-        if answer:
-            good, good_room = n, room
-            break
-        bad, bad_room, step = n, room, 2 * step
+    good_room: float | None = None  # None until a test passes (good is the caller's, its room unknown)
     kept, slow = 1, 0  # kept: 1 when the last test moved good, -1 when it moved bad
     while bad - good > 1:
         width = bad - good
-        aimed = slow < _SLOW_AIMS
-        if aimed:
+        aimed = good_room is not None and slow < _SLOW_AIMS
+        if good_room is None:
+            n, step = bad - step, 2 * step
+        elif aimed:
             n = int(good + (bad - good) * good_room / (good_room - bad_room))
         else:
             n, slow = (good + bad) // 2, 0
         n = min(max(n, good + 1), bad - 1)
         answer = passes(n)
         room = _room(answer)
-        if room is None:
+        if room is None:  # no measure: bisect the rest
             return _bisected(passes, *((n, bad) if answer else (good, n)))
         if answer:
-            good, good_room = n, room
-            if kept == 1:  # Illinois: the failing end was kept twice, its weight halves
+            if good_room is not None and kept == 1:  # Illinois: the failing end kept twice, its weight halves
                 bad_room /= 2
-            kept = 1
+            good, good_room, kept = n, room, 1
         else:
-            bad, bad_room = n, room
-            if kept == -1:
+            if good_room is not None and kept == -1:
                 good_room /= 2
-            kept = -1
+            bad, bad_room, kept = n, room, -1
         if aimed:
             slow = slow + 1 if 2 * (bad - good) > width else 0
     return good

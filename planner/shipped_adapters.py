@@ -31,6 +31,7 @@ from planner.scenario import Task
 ADAPTERS_DIR = Path(__file__).resolve().parent / "catalog" / "adapters"
 ADAPTER_FORMAT = 1
 QUANTIZED_FORMAT = 1
+QUANTIZED_PACKAGES = ("bitsandbytes", "transformers")  # what a quantised base is built with
 SHIPPED_QUANTIZATION = ("nf4", True)  # (quant_type, double_quant): planner.finetune.FineTune's defaults
 SHIPPED_DTYPES = ("float32", "bfloat16")
 
@@ -41,8 +42,9 @@ def adapter_file(source_config: str, task: Task, num_labels: int, dtype_name: st
 
 
 @functools.cache
-def _versions() -> str:
-    return ",".join(f"{name}={metadata.version(name)}" for name in ("peft", "transformers"))
+def _versions(names: tuple[str, ...] = ("peft", "transformers")) -> str:
+    """The installed versions of `names`, as a shipped file records them."""
+    return ",".join(f"{name}={metadata.version(name)}" for name in names)
 
 
 def settings_key(finetune: FineTune) -> str:
@@ -85,17 +87,12 @@ def quantized_file(source_config: str, task: Task, num_labels: int, quant_type: 
     return ADAPTERS_DIR / f"{digest}.json"
 
 
-@functools.cache
-def _quantized_versions() -> str:
-    return ",".join(f"{name}={metadata.version(name)}" for name in ("bitsandbytes", "transformers"))
-
-
 def quantized_record(base=None, refusal: PlannerInputError | None = None) -> dict:
     """The file's content: a QuantizedBase's fields, each 4-bit weight by its elements (its
     stored tensors follow from them: planner.adapters.quantized_weight_tensors), or the refusal."""
     entry = {"error": str(refusal)} if refusal is not None else {
         "weight_elements": list(base.weight_elements), "unquantized": [list(t) for t in base.unquantized_tensors]}
-    return {"format": QUANTIZED_FORMAT, "versions": _quantized_versions(), "base": entry}
+    return {"format": QUANTIZED_FORMAT, "versions": _versions(QUANTIZED_PACKAGES), "base": entry}
 
 
 def shipped_quantized(source_config: str, task: Task, num_labels: int, double_quant: bool, quant_type: str):
@@ -107,7 +104,7 @@ def shipped_quantized(source_config: str, task: Task, num_labels: int, double_qu
     if not path.is_file():
         return None
     record = json.loads(path.read_text())
-    if record.get("format") != QUANTIZED_FORMAT or record.get("versions") != _quantized_versions():
+    if record.get("format") != QUANTIZED_FORMAT or record.get("versions") != _versions(QUANTIZED_PACKAGES):
         return None
     entry = record["base"]
     if "error" in entry:
