@@ -86,7 +86,12 @@ from planner.units import GIB, MIB  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 EXPANDABLE_ON = "expandable_segments:True"
 EXPANDABLE_OFF = "expandable_segments:False"
-STEPS = 3  # step 1 creates the optimizer state; step 3 is measured (DESIGN, "What measured means")
+# Step 1 creates the optimizer state; the last step is measured (DESIGN, "What measured means").
+# Six, not three: with expandable segments a run's reserved memory can still grow after step 3
+# (SmolLM2-360M's did, in the allocator's replay of its own record), and the planner reports the
+# level a long run stays at (planner.reserved SETTLING_REPEATS). The runs of 2026-12-04 measured
+# step 3 (their records' "steps").
+STEPS = 6
 START_LIMIT_S = 330.0  # no scenario starts after 5 min 30 s
 SCENARIO_END_S = 420.0  # no scenario runs past 7 min
 SCENARIO_TIMEOUT_S = 150.0
@@ -318,8 +323,10 @@ VERDICT_KEYS = ("capacity_bytes", "usable_capacity_bytes", "allocated_peak_bytes
                 "required_bytes", "margin_bytes", "fits", "cuda_overhead_bytes", "allocator_overhead_bytes")
 
 
-def planner_record(spec: dict, device: str, gpu: str | None) -> dict:
-    """The planner's estimate and verdict for the scenario (planner.cli.result_json)."""
+def planner_record(spec: dict, device: str, gpu: str | None, cudnn_version: int | None = None) -> dict:
+    """The planner's estimate and verdict for the scenario (planner.cli.result_json), the
+    attention kernels chosen for `cudnn_version` (None: this process's torch's cuDNN, the
+    runs' on a GPU machine; on a CPU build the planner's default)."""
     from planner.cli import result_json
 
     values = {**spec["values"], "config": spec["model"], "device": device, "engine": spec["engine"]}
@@ -327,6 +334,10 @@ def planner_record(spec: dict, device: str, gpu: str | None) -> dict:
         values["cuda_alloc_conf"] = EXPANDABLE_ON
     if gpu is not None:
         values["gpu"] = gpu
+    if device == "cuda":
+        import torch
+
+        values["cudnn_version"] = cudnn_version if cudnn_version is not None else torch.backends.cudnn.version()
     started = time.monotonic()
     try:
         data = result_json(values, base_dir=ROOT)
@@ -628,7 +639,8 @@ def render_markdown(report: dict) -> str:
               f"{env.get('driver_version') or 'n/a'}; torch {env.get('torch')}; CUDA {env.get('cuda_version') or 'n/a'}; "
               f"cuDNN {env.get('cudnn_version') or 'n/a'}; planner GPU `{report['gpu']}`; "
               f"{report['elapsed_s']:.0f} s in all; command: `{report['command']}`."), "",
-             ("Allocated: `max_memory_allocated` over the steady-state step (step 3); reserved: "
+             ("Allocated: `max_memory_allocated` over the steady-state step (the last of each run's "
+              f"{', '.join(sorted({str(r.get('steps')) for r in report['scenarios']}))} steps); reserved: "
               "`max_memory_reserved` over the same step; estimate: the planner's allocated peak (live "
               "tensors + torch's own allocator blocks, the cuBLAS workspaces; where the allocator is replayed, "
               "the replay's) and reserved peak (the replay's). Error: (estimate - measured) / "

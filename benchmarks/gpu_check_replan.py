@@ -48,12 +48,13 @@ def merged_records(runs: list[dict]) -> list[dict]:
     return sorted(latest.values(), key=lambda r: (order.get(r["id"], len(order)), r["id"]))
 
 
-def replanned(record: dict, gpu: str) -> dict:
-    """`record` with its estimate and errors recomputed (unchanged when it holds no measurement)."""
+def replanned(record: dict, gpu: str, cudnn_version: int | None) -> dict:
+    """`record` with its estimate and errors recomputed for the run's GPU and cuDNN (unchanged
+    when it holds no measurement)."""
     spec = next((s for s in gpu_check.SCENARIOS if s["id"] == record["id"]), None)
     if spec is None or record["status"] != "ok":
         return record
-    planned = gpu_check.planner_record(spec, "cuda", gpu)
+    planned = gpu_check.planner_record(spec, "cuda", gpu, cudnn_version)
     measured = record["measured"]
     errors = gpu_check.scenario_errors(planned, measured["allocated_peak_bytes"], measured["reserved_peak_bytes"],
                                        measured["optimizer_state_bytes"])
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     for number, record in enumerate(merged_records(runs), 1):
         print(f"[{number}] {record['id']}", flush=True)
-        records.append(replanned(record, last["gpu"]))
+        records.append(replanned(record, last["gpu"], last["environment"].get("cudnn_version")))
     import torch
 
     commit = _commit()
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                   "wall_s": round(time.monotonic() - started, 1),
                   "note": (f"measurements from {', '.join(f'`{path}`' for path in args.runs)}; estimates by the "
                            f"planner at commit {commit}, on a machine without a GPU with torch {torch.__version__} "
-                           f"(fake CUDA tensors, the run's GPU `{last['gpu']}`), by "
+                           f"(fake CUDA tensors, the run's GPU `{last['gpu']}` and cuDNN "
+                           f"{last['environment'].get('cudnn_version')}), by "
                            f"`python benchmarks/gpu_check_replan.py`.")}}
     gpu_check.write_results(report, args.out)
     print(f"gpu_check_replan: wrote {args.out / 'gpu_check.json'} and gpu_check.md")

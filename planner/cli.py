@@ -21,6 +21,7 @@ from planner.batch import (
     clipped,
     line_answer,
 )
+from planner.attention_scratch import cuda_build_from
 from planner.catalog import catalog_entries
 from planner.device_fit import plan_verdict, reserved_check
 from planner.errors import PlannerInputError
@@ -183,6 +184,13 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
                         help="print a JSON list, best first (when nothing fits: the nearest plans, with fits false)")
 
 
+def add_cudnn_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cudnn-version", type=int, default=None,
+                        help="your torch's cuDNN (python -c 'import torch; print(torch.backends.cudnn.version())'), "
+                             "which decides the attention kernel the allocator's replay takes; default 91002 "
+                             "(torch's CUDA 12.8 wheels)")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="planner", description="Training memory estimates from a model config.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
@@ -190,11 +198,13 @@ def _build_parser() -> argparse.ArgumentParser:
     add_scenario_flags(one)
     add_parallel_flags(one)
     one.add_argument("--gpu", help=f"GPU for the fits / does not fit verdict: {', '.join(GPUS)} or a size in GiB")
+    add_cudnn_flag(one)
     one.add_argument("--json", action="store_true", help="print one JSON object (integer bytes)")
     many = commands.add_parser("batch", help="estimate one scenario per line of a JSONL file")
     many.add_argument("file", help="JSONL file, one scenario object per line")
     fits = commands.add_parser("fit", help="rank the technique combinations that fit a GPU (planner.fit)")
     add_fit_flags(fits)
+    add_cudnn_flag(fits)
     listing = commands.add_parser("catalog", help="list the bundled models")
     listing.add_argument("--json", action="store_true")
     return parser
@@ -234,6 +244,9 @@ def result_json(values: dict, base_dir: Path | None = None, allow_hub: bool = Fa
     verdict = verdict_from_values(values, result, shape)
     if verdict is not None:
         data.update(verdict.to_json())
+        if result.base.scenario.device is Device.CUDA:
+            # The cuDNN the replay's attention kernels were chosen for (planner.attention_scratch).
+            data["cudnn_version"] = cuda_build_from(values.get("cudnn_version")).cudnn_version
     elif result.base.scenario.device is Device.CUDA:
         # The allocator is replayed for a verdict on a GPU only: a 7B step's replay is tens of
         # milliseconds, and a `planner batch` file without GPUs should stay at estimate speed.
@@ -250,7 +263,7 @@ def verdict_from_values(values: dict, result: ParallelEstimate, shape: ModelShap
     if values.get("gpu") is None:
         return None
     gpu, capacity = gpu_from_text(values["gpu"])
-    return plan_verdict(shape, result, capacity, gpu, result.plan)
+    return plan_verdict(shape, result, capacity, gpu, result.plan, build=cuda_build_from(values.get("cudnn_version")))
 
 
 def estimate_from_values(values: dict, base_dir: Path | None = None, allow_hub: bool = False) -> Estimate:
@@ -265,7 +278,8 @@ def _shape_and_estimate(values: dict, base_dir: Path | None, allow_hub: bool) ->
     if "task" not in values:
         raise PlannerInputError("scenario has no 'task': use one of " + ", ".join(t.value for t in Task))
     known = {"id", "config", "task", "num_labels", "batch_size", "seq_len", "target_len", "optimizer", "precision",
-             "gradient_checkpointing", "grad_accum", "attn", "device", "engine", "gpu", "cuda_alloc_conf",
+             "gradient_checkpointing", "grad_accum", "attn", "device", "engine", "gpu", "cudnn_version",
+             "cuda_alloc_conf",
              *FINETUNE_KEYS, *PARALLEL_KEYS}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -273,7 +287,8 @@ def _shape_and_estimate(values: dict, base_dir: Path | None, allow_hub: bool) ->
     for key in ("batch_size", "seq_len"):
         if key not in values:
             raise PlannerInputError(f"scenario has no {key!r}: give a positive integer")
-    scenario_values = {k: v for k, v in values.items() if k not in ("id", "config", "gpu", *PARALLEL_KEYS)}
+    scenario_values = {k: v for k, v in values.items() if k not in ("id", "config", "gpu", "cudnn_version",
+                                                                      *PARALLEL_KEYS)}
     scenario = scenario_from_values(**scenario_values)
     if not isinstance(values["config"], str):
         raise PlannerInputError("'config' must be a string: a catalog name or a config.json path")
@@ -316,10 +331,12 @@ def _run_estimate(args: argparse.Namespace) -> int:
               "gradient_checkpointing": args.gradient_checkpointing, "grad_accum": args.grad_accum,
               "attn": args.attn, "device": args.device, "engine": args.engine, "num_devices": args.num_devices,
               "strategy": args.strategy, "local_sgd_steps": args.local_sgd_steps, "gpu": args.gpu,
+              "cudnn_version": args.cudnn_version,
               "cuda_alloc_conf": args.cuda_alloc_conf, **finetune_values(args),
               **({"target_len": args.target_len} if args.target_len is not None else {})}
     if args.gpu is not None:
         gpu_from_text(args.gpu)  # a bad --gpu is refused before anything is estimated
+    cuda_build_from(args.cudnn_version)
     if args.json:
         print(json.dumps(result_json(values, base_dir=Path.cwd(), allow_hub=args.hub)))
         return 0
@@ -495,6 +512,7 @@ def _run_fit(args: argparse.Namespace) -> int:
 
     if args.gpu_memory_gib is None and args.gpu is None:
         raise PlannerInputError("give --gpu-memory-gib G or --gpu NAME: the memory of one GPU")
+    build = cuda_build_from(args.cudnn_version)
     capacity = (capacity_bytes_from_gib(args.gpu_memory_gib, "--gpu-memory-gib") if args.gpu_memory_gib is not None
                 else gpu_spec(args.gpu).capacity_bytes)
     gpu = gpu_spec(args.gpu) if args.gpu is not None else nearest_gpu(capacity)
@@ -519,7 +537,7 @@ def _run_fit(args: argparse.Namespace) -> int:
     result = find_fits(shape, base, capacity, target, gpu, num_devices, utilisation,
                        allow_risky=args.allow_risky, strategy=strategy,
                        room_for=room_for_plans(capacity, base.device, known),
-                       check=reserved_check(capacity, base.device, known))
+                       check=reserved_check(capacity, base.device, known, build))
     if args.json:
         notes = {"strategy_note": SHARDING_NOTE} if num_devices > 1 else {}
         rows = ([{"fits": True, **option.to_json(), **notes} for option in result.options]

@@ -323,6 +323,7 @@ class CachingAllocator:
         self._large = _Pool(small=False)
         self._live: dict[Hashable, _Block] = {}
         self._empty: set[Hashable] = set()  # keys allocated with 0 bytes: no block
+        self.retry_releases = 0  # times malloc released the whole cache to retry (near the capacity)
         self._next_addr = 1 << 40  # bump pointer standing in for cudaMalloc's addresses
         self._allocated = 0
         self._reserved = 0
@@ -425,6 +426,7 @@ class CachingAllocator:
             if block is None and self._release_available_cached_blocks(pool, size):
                 block = self._alloc_block(pool, size, alloc_size)
             if block is None:
+                self.retry_releases += 1
                 self._release_cached_blocks()
                 block = self._alloc_block(pool, size, alloc_size)
             if block is None:
@@ -838,11 +840,16 @@ def replay(events: Sequence[tuple[Hashable, int]], *, prefix: Sequence[tuple[Has
            repeats: int = 1, expandable_segments: bool = False,
            capacity_bytes: int | None = None, allowed_memory_bytes: int | None = None,
            max_split_size_bytes: int | None = None,
-           roundup_power2_divisions: int | None = None, headroom: bool = False) -> ReplayResult:
+           roundup_power2_divisions: int | None = None, headroom: bool = False,
+           settle: int = 0) -> ReplayResult:
     """Replay `prefix` once, then `events` `repeats` times through a fresh allocator;
-    peaks are read over the last repetition (reset_peak_stats before it). `headroom`
-    (with `capacity_bytes`): also measure `headroom_bytes` (see Headroom); the other
-    figures are those of a replay without it."""
+    peaks are read over the last repetition (reset_peak_stats before it). `settle`: while
+    the last repetition reserved memory it did not hold at its start (a run's reserved memory
+    can still grow steps after the first, when freed blocks sit where the next step's requests
+    do not fit), up to `settle` more repetitions, each read the same way: the peaks are then
+    those of the first repetition that reserves nothing new, the level a long run stays at.
+    `headroom` (with `capacity_bytes`): also measure `headroom_bytes` (see Headroom); the
+    other figures are those of a replay without it."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     settings = AllocatorSettings(
@@ -859,6 +866,15 @@ def replay(events: Sequence[tuple[Hashable, int]], *, prefix: Sequence[tuple[Has
         for repetition in range(repeats):
             if repetition == repeats - 1 and done:
                 allocator.reset_peak_stats()
+            start, releases = allocator.reserved_bytes, allocator.retry_releases
+            done += allocator.replay(events, done)
+        for _ in range(settle):
+            # Settled: nothing new reserved; or held at the capacity (the cache released to retry),
+            # where each step maps again what it freed.
+            if allocator.peak_reserved_bytes <= start or allocator.retry_releases > releases:
+                break
+            allocator.reset_peak_stats()
+            start, releases = allocator.reserved_bytes, allocator.retry_releases
             done += allocator.replay(events, done)
     except CudaOutOfMemoryError as error:
         oom = error

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from planner.attention_scratch import DEFAULT_BUILD, CudaBuild, KernelTarget
 from planner.cuda_allocator import ReplayResult
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, Phase, estimate
@@ -41,17 +42,19 @@ MULTI_GPU_NOT_REPLAYED = ("it is replayed for single-GPU and DDP plans only (a s
 
 
 def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacity_bytes: int,
-                 gpu: GpuSpec | None, plan: ParallelPlan | None = None, figures: bool = True) -> DeviceVerdict:
+                 gpu: GpuSpec | None, plan: ParallelPlan | None = None, figures: bool = True,
+                 build: CudaBuild = DEFAULT_BUILD) -> DeviceVerdict:
     """The verdict on one GPU of capacity `capacity_bytes` (the driver's total), with the
-    overheads of `gpu` (None: a custom size, their larger figures) under `plan`. `figures`
+    overheads of `gpu` (None: a custom size, their larger figures) under `plan`, torch's CUDA
+    `build` choosing the attention kernels (planner.attention_scratch). `figures`
     False: only whether it fits is wanted (the fit searches), so a plan that runs out of memory
     within the capacity is not replayed again without a bound for the reserved peak to show."""
-    return _verdict_and_replay(shape, result, capacity_bytes, gpu, plan, figures)[0]
+    return _verdict_and_replay(shape, result, capacity_bytes, gpu, plan, figures, build)[0]
 
 
 def _verdict_and_replay(shape: ModelShape, result: Estimate | ParallelEstimate, capacity_bytes: int,
-                        gpu: GpuSpec | None, plan: ParallelPlan | None,
-                        figures: bool) -> tuple[DeviceVerdict, ReplayResult | None]:
+                        gpu: GpuSpec | None, plan: ParallelPlan | None, figures: bool,
+                        build: CudaBuild = DEFAULT_BUILD) -> tuple[DeviceVerdict, ReplayResult | None]:
     """plan_verdict's verdict, and the replay within the usable capacity it rests on (None: not replayed)."""
     single = result.base if isinstance(result, ParallelEstimate) else result
     peak = result.per_device_peak_bytes if isinstance(result, ParallelEstimate) else result.peak_bytes
@@ -63,7 +66,9 @@ def _verdict_and_replay(shape: ModelShape, result: Estimate | ParallelEstimate, 
     buckets = tuple(result.ddp_bucket_bytes if isinstance(result, ParallelEstimate) else ())
     workspaces = tuple(item.bytes for item in overheads.allocator_items)  # the cuBLAS workspaces, per thread
     usable = overheads.usable_capacity_bytes(capacity_bytes)
-    within = replayed_step(shape, single, buckets, capacity_bytes=max(usable, 0), cublas_workspaces=workspaces)
+    kernels = KernelTarget(gpu.compute_capability if gpu is not None else None, build)
+    within = replayed_step(shape, single, buckets, capacity_bytes=max(usable, 0), cublas_workspaces=workspaces,
+                           kernels=kernels)
     if isinstance(within, str):
         # The step's kernel workspaces are the allocator's, not in the live tensors' peak: the
         # replay would have made them (planner.adafactor_cuda). A DDP rank's buckets are there
@@ -80,7 +85,8 @@ def _verdict_and_replay(shape: ModelShape, result: Estimate | ParallelEstimate, 
     if not figures:
         return DeviceVerdict(peak, capacity_bytes, overheads, replay_out_of_memory=True,
                              expandable_segments=expandable), within
-    unbounded = replayed_step(shape, single, buckets, cublas_workspaces=workspaces)  # with room to spare
+    unbounded = replayed_step(shape, single, buckets, cublas_workspaces=workspaces,  # with room to spare
+                              kernels=kernels)
     return DeviceVerdict(peak, capacity_bytes, overheads, reserved_peak_bytes=unbounded.peak_reserved_bytes,
                          replay_out_of_memory=True, expandable_segments=expandable,
                          replayed_allocated_peak_bytes=unbounded.peak_allocated_bytes), within
@@ -102,12 +108,13 @@ class Headroom:
 FitsCheck = Callable[[ModelShape, Scenario, ParallelPlan | None], Headroom]
 
 
-def reserved_check(capacity_bytes: int, device: Device, gpu: GpuSpec | None) -> FitsCheck | None:
+def reserved_check(capacity_bytes: int, device: Device, gpu: GpuSpec | None,
+                   build: CudaBuild = DEFAULT_BUILD) -> FitsCheck | None:
     """For the fit searches, which find the largest plan whose live tensors fit the room the
     overheads leave (planner.verdict.tensor_budget_bytes): whether the verdict, replayed,
     passes it too, with the replay's headroom (planner.cuda_allocator, Headroom) or, where
     nothing is replayed, the verdict's margin, to guide the search. None on CPU, where the
-    two are the same test."""
+    two are the same test. `build`: the torch CUDA build whose attention kernels are replayed."""
     if device is not Device.CUDA:
         return None
 
@@ -120,7 +127,7 @@ def reserved_check(capacity_bytes: int, device: Device, gpu: GpuSpec | None) -> 
                 result = parallel_estimate(shape, scenario, plan, base=result)
         except PlannerInputError:
             return Headroom(False)
-        verdict, within = _verdict_and_replay(shape, result, capacity_bytes, gpu, plan, figures=False)
+        verdict, within = _verdict_and_replay(shape, result, capacity_bytes, gpu, plan, False, build)
         if within is None:  # the verdict's own figures: its margin is exact
             return Headroom(verdict.fits, verdict.margin_bytes)
         return Headroom(verdict.fits, within.headroom_bytes)

@@ -3,7 +3,9 @@
 
 `training_events(shape, scenario, table)` gives `(prefix, step)`, so that
 `replay(step, prefix=prefix, repeats=2)` is a run's first three steps, the third measured
-(runners' default: step 1 builds the optimizer state, the last step is measured):
+(runners' default: step 1 builds the optimizer state, the last step is measured), or five
+where a step is replayed as two (below); `reserved_peak` replays more while the measured
+step still maps new memory (SETTLING_REPEATS):
 - prefix: the model, then the first step. The model: one allocation per real parameter
   tensor (`shape.params`, tied weights once, in order; bytes per element for the
   precision, planner.optimizer_state), the registered buffers (one allocation for the
@@ -23,7 +25,10 @@
   output of its first cuBLAS call, in the first step's first forward and first backward
   (torch makes it lazily, per handle and stream, and keeps it); and every column
   reduction's workspace and semaphores (planner.cuda_reduction, on the planner's GPU that
-  makes the largest), allocated after its output and freed before the next event. On an
+  makes the largest), allocated after its output and freed before the next event; and from
+  CUDA probe format 7 each fused attention backward's scratch (planner.attention_scratch, for
+  the backend the plan's GPU and torch build take: `kernels`), after its last output and
+  freed before the next event. On an
   H200 (benchmarks/results/gpu_runs/2026-12-04-c/traces): GPT-2 with LoRA's autograd
   workspace took 32 MiB of a cached 413 MB block freed by the loss, so that block could no
   longer hold the next step's 411.7 MB logits gradient (a new segment: +380 MB reserved),
@@ -70,6 +75,7 @@ from collections.abc import Hashable
 
 from planner import optimizer_state as counts
 from planner.adafactor_cuda import optimizer_order, step_events, step_peak_bytes
+from planner.attention_scratch import UNKNOWN_GPU, AttentionBackward, KernelTarget
 from planner.cuda_allocator import FREE, K_SMALL_SIZE, ReplayResult, replay
 from planner.cuda_reduction import largest_column_reduction_requests, launch_events
 from planner.model_shape import ModelShape
@@ -272,14 +278,22 @@ def _reduction_requests(table: ProbeTable, batch: int, seq: int) -> dict[int, tu
     return out
 
 
+def _attention_calls(table: ProbeTable, batch: int, seq: int) -> dict[int, AttentionBackward]:
+    """storage -> the fused attention backward whose last output it is, at (batch, seq)."""
+    return {index: AttentionBackward(backend, eligible, *(poly_value(d, batch, seq) for d in dims), element)
+            for index, backend, eligible, dims, element in table.trace.attention_backwards}
+
+
 def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
                     step_temporaries_bytes: int | None = None,
                     allocator_blocks: tuple[int, ...] = (),
-                    cublas_workspaces: tuple[int, ...] = ()) -> tuple[list[Event], list[Event]]:
+                    cublas_workspaces: tuple[int, ...] = (),
+                    kernels: KernelTarget = UNKNOWN_GPU) -> tuple[list[Event], list[Event]]:
     """(prefix, step) for `replay(step, prefix=prefix, repeats=2)` (see the module docstring).
     `step_temporaries_bytes`: the optimizer step's temporaries; None probes them
     (planner.probe.cache.probed_step_temporaries). `allocator_blocks`: made before the first
-    step; `cublas_workspaces`: per thread (main, autograd), made at its first cuBLAS call."""
+    step; `cublas_workspaces`: per thread (main, autograd), made at its first cuBLAS call;
+    `kernels`: the GPU and build whose attention backends' scratch is made."""
     if step_temporaries_bytes is None:
         from planner.probe.cache import probed_step_temporaries
 
@@ -316,6 +330,7 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
     in_prefix = tuple(nbytes for thread, nbytes in enumerate(cublas_workspaces)
                       if thread not in first_use)
     reductions = _reduction_requests(table, scenario.batch_size, scenario.seq_len)
+    attention = _attention_calls(table, scenario.batch_size, scenario.seq_len)
 
     def one_step(parity_in: int | None, parity_out: int) -> list[Event]:
         """A step whose carried-in outputs are keyed by `parity_in` (None: the first step, which
@@ -334,6 +349,9 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
             requests = reductions.get(key[0])
             if requests is not None:
                 events += launch_events(named, *requests)
+            call = attention.get(key[0])
+            if call is not None:
+                events += kernels.events(named, call)
             if parity_in is None and position in workspace_after:
                 events.append(workspace_after[position])
         if parity_in is None:
@@ -351,7 +369,7 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
     prefix = model_prefix(shape, scenario, allocator_blocks + in_prefix) + warm_up + one_step(None, 0)
     # Which form a step takes, and that its keys are sound, follows from the table and the
     # micro-batches alone (the prefix's own keys are distinct by construction): checked once.
-    form_key = (table.key, scenario.grad_accum_steps)
+    form_key = (table.key, scenario.grad_accum_steps, kernels)
     known = _STEP_FORMS.get(form_key)
     if known is not None and known[0] is table:
         return prefix, one_step(0, 0) if known[1] == 1 else one_step(0, 1) + one_step(1, 0)
@@ -369,19 +387,28 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
     return prefix, step
 
 
-_STEP_FORMS: dict[tuple[str, int], tuple[ProbeTable, int]] = {}  # (table key, K) -> (table, steps per step)
+_STEP_FORMS: dict[tuple, tuple[ProbeTable, int]] = {}  # (table key, K, kernels) -> (table, steps per step)
 
 
 def reserved_peak(shape: ModelShape, scenario: Scenario, table: ProbeTable, *, expandable_segments: bool = False,
                   capacity_bytes: int | None = None, step_temporaries_bytes: int | None = None,
-                  allocator_blocks: tuple[int, ...] = (), cublas_workspaces: tuple[int, ...] = ()) -> ReplayResult:
+                  allocator_blocks: tuple[int, ...] = (), cublas_workspaces: tuple[int, ...] = (),
+                  kernels: KernelTarget = UNKNOWN_GPU) -> ReplayResult:
     """The steady-state step replayed through the caching allocator model (its peaks are
     the second step's, after the first has warmed the cache); within `capacity_bytes`,
     with its headroom (planner.cuda_allocator, Headroom), which guides the fit searches."""
     prefix, step = training_events(shape, scenario, table, step_temporaries_bytes, allocator_blocks,
-                                   cublas_workspaces)
+                                   cublas_workspaces, kernels)
     return replay(step, prefix=prefix, repeats=2, expandable_segments=expandable_segments,
-                  capacity_bytes=capacity_bytes, headroom=capacity_bytes is not None)
+                  capacity_bytes=capacity_bytes, headroom=capacity_bytes is not None, settle=SETTLING_REPEATS)
+
+
+# Steps replayed after the measured one while it still maps new memory (planner.cuda_allocator
+# `replay(settle=)`): the reserved peak is the level a long run stays at. On the H200's records
+# SmolLM2-360M with expandable segments reserved 10,322,182,144 B at step 3, the run's own
+# measured step, and the replay grows to 10,720,641,024 B at steps 4-5 and stays; the other 19
+# scenarios of the GPU check reserve nothing after step 3 (benchmarks/results/gpu_check.md).
+SETTLING_REPEATS = 4
 
 
 # Replays by (config, scenario, blocks, capacity), the least recently used dropped first: a
@@ -405,12 +432,13 @@ MICRO_BATCHES_REPLAYED = 3
 
 
 def replayed_step(shape: ModelShape, result, allocator_blocks: tuple[int, ...],
-                  capacity_bytes: int | None = None, cublas_workspaces: tuple[int, ...] = ()) -> ReplayResult | str:
+                  capacity_bytes: int | None = None, cublas_workspaces: tuple[int, ...] = (),
+                  kernels: KernelTarget = UNKNOWN_GPU) -> ReplayResult | str:
     """The steady-state step of the estimate `result` (planner.estimate.Estimate, on CUDA)
     replayed through the caching allocator (with expandable segments when the scenario's
     PYTORCH_CUDA_ALLOC_CONF asks for them), with torch's own `allocator_blocks` (made before
-    the first step) and `cublas_workspaces` (per thread, at its first cuBLAS call) and, when
-    given, the memory the allocator may take (`capacity_bytes`: it then releases its cache
+    the first step), `cublas_workspaces` (per thread, at its first cuBLAS call), the attention
+    backwards' scratch for `kernels` (planner.attention_scratch) and, when given, the memory the allocator may take (`capacity_bytes`: it then releases its cache
     and retries before an out-of-memory error, as a real one does), with at most
     MICRO_BATCHES_REPLAYED micro-batches; or why it cannot be:
     the replay needs the step's allocation trace, which only a probe on CUDA's kernels
@@ -426,7 +454,7 @@ def replayed_step(shape: ModelShape, result, allocator_blocks: tuple[int, ...],
     if result.confidence is not Confidence.PROBED:
         return "the step was not probed on CUDA's kernels (the family recipe stands in), so there is no " \
                "allocation trace to replay"
-    key = (config_digest(shape), shape.name, scenario, allocator_blocks, cublas_workspaces, capacity_bytes)
+    key = (config_digest(shape), shape.name, scenario, allocator_blocks, cublas_workspaces, capacity_bytes, kernels)
     found = _REPLAYS.get(key)
     if found is not None:
         _REPLAYS.move_to_end(key)
@@ -439,7 +467,7 @@ def replayed_step(shape: ModelShape, result, allocator_blocks: tuple[int, ...],
         try:
             found = reserved_peak(shape, scenario, table, step_temporaries_bytes=step,
                                   allocator_blocks=allocator_blocks, cublas_workspaces=cublas_workspaces,
-                                  capacity_bytes=capacity_bytes,
+                                  capacity_bytes=capacity_bytes, kernels=kernels,
                                   expandable_segments=scenario.cuda_segments is CudaSegments.EXPANDABLE)
         except TraceError as error:
             found = f"the step's trace cannot be replayed ({error})"

@@ -121,3 +121,18 @@ def test_catalog_lists_every_model(capsys):
     code, out, _ = _run(["catalog", "--json"], capsys)
     names = [entry["name"] for entry in json.loads(out)]
     assert code == 0 and "distilbert-base-cased" in names and "llama-2-70b" in names
+
+
+def test_the_verdict_says_which_cudnn_its_attention_kernels_assume(capsys):
+    """`--cudnn-version`: on an H100 cuDNN 9.19 takes the attention (its workspace replayed),
+    the default 9.10.2 flash (its scratch replayed): both say which."""
+    llama = str(ROOT / "tests" / "configs" / "tiny-llama.json")
+    args = ["estimate", "--config", llama, "--task", "causal-lm", "--batch-size", "2", "--seq-len", "64",
+            "--precision", "bf16-mixed", "--device", "cuda", "--gpu", "h100", "--json"]
+    readings = {}
+    for extra in ([], ["--cudnn-version", "91900"]):
+        code, out, err = _run(args + extra, capsys)
+        assert code == 0, err
+        result = json.loads(out)
+        readings[result["cudnn_version"]] = result["reserved_peak_bytes"]
+    assert set(readings) == {91002, 91900} and all(isinstance(v, int) for v in readings.values())

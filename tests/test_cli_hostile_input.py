@@ -41,7 +41,9 @@ def _run(argv, capsys, tool=main):
      "batch size must be at most"),
     (main, ["bogus"], "(see `python -m planner --help`)"),
     (report_main, [*SCENARIO], "(see `python -m reporting --help`)"),
-], ids=["gpu-count superscript", "gpu 1e300", "gpu-memory-gib 1e300", "batch 10^20", "help hint", "report help hint"])
+    (main, ["estimate", *SCENARIO, "--gpu", "h100", "--cudnn-version", "12"], "cudnn_version must be an integer"),
+], ids=["gpu-count superscript", "gpu 1e300", "gpu-memory-gib 1e300", "batch 10^20", "help hint", "report help hint",
+        "cudnn version 12"])
 def test_overflowing_or_odd_flags_are_one_line_exit_2(tool, argv, expected, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code, out, err = _run(argv, capsys, tool)

@@ -498,3 +498,26 @@ def test_headroom_is_the_room_left_at_the_tightest_new_segment():
     assert tight.out_of_memory and tight.oom_event_index == 3
     assert tight.headroom_bytes == -(10 * MiB + 40 * MiB - 45 * MiB)
     assert tight == dataclasses.replace(replay(trace, capacity_bytes=45 * MiB), headroom_bytes=tight.headroom_bytes)
+
+
+def test_settling_replays_until_a_repetition_reserves_nothing_new():
+    """A 1.5 MiB tensor handed from step to step (two keys taking turns, as planner.reserved
+    replays outputs carried between steps) beside 14 and 9 MiB temporaries. Step 1 carves the
+    new 1.5 MiB tensor from the 20 MiB segment the old one is in, and the temporaries fit there
+    and in one new 14 MiB segment (46 MiB with the 12 MiB weight). Step 2's 1.5 MiB request
+    takes the best fit, the now free 14 MiB segment (get_free_block: smallest sufficient
+    block), splitting it, so its second 14 MiB temporary finds no block and a third segment is
+    opened: 60 MiB, where it stays. Peaks read after one repetition say 46; settled, 60."""
+    step = [("c1", 3 * MiB // 2), Free("c0"), ("t1", 14 * MiB), ("t2", 14 * MiB), Free("t1"),
+            ("c0", 3 * MiB // 2), Free("c1"), ("t3", 9 * MiB), Free("t2"), Free("t3")]
+    prefix = [("w", 12 * MiB), ("c0", 3 * MiB // 2)]
+    assert replay(step, prefix=prefix, repeats=1).peak_reserved_bytes == 46 * MiB
+    settled = replay(step, prefix=prefix, repeats=1, settle=4)
+    assert settled.peak_reserved_bytes == replay(step, prefix=prefix, repeats=8).peak_reserved_bytes == 60 * MiB
+    assert settled.events_replayed == len(prefix) + 3 * len(step)  # grew in the second, not the third
+    assert replay(step, prefix=prefix, repeats=3, settle=4).events_replayed == len(prefix) + 3 * len(step)
+    # On a 50 MiB card the first step fits and the second runs out (its split segments cannot be
+    # released): a verdict read after one step would say it fits.
+    assert not replay(step, prefix=prefix, repeats=1, capacity_bytes=50 * MiB).out_of_memory
+    short = replay(step, prefix=prefix, repeats=1, settle=4, capacity_bytes=50 * MiB)
+    assert short.out_of_memory and short.oom_event_index == len(prefix) + len(step) + 3

@@ -104,3 +104,36 @@ def test_each_reduction_takes_its_workspace_for_its_launch(probed):
             (("reduction-semaphores", key), FREE), (("reduction-workspace", key), FREE)]
         checked += 1
     assert checked and checked % (len(set(table.stands_for)) * 4) == 0  # every bias of every block, per step
+
+
+def test_a_reduction_of_a_transposed_tensor_over_its_slower_dimensions_is_a_column_reduction():
+    """TensorIterator orders a reduction's dimensions by stride: a (b, s, h, d) gradient laid out
+    as (b, h, s, d) (it came through a transpose) reduced over b, s and h is b·s·h rows of d
+    columns, as a contiguous one is; reducing the fastest dimension, or a layout with gaps, is not."""
+    import torch
+
+    from planner.probe.recorder import column_reduction_shape
+
+    total = torch.ops.aten.sum.dim_IntList
+    transposed = torch.randn(2, 16, 5, 8).transpose(1, 2)
+    assert column_reduction_shape(total, (transposed * transposed, [0, 1, 2], True), {}) == (2 * 5 * 16, 8, 4)
+    assert column_reduction_shape(total, (torch.randn(6, 7, 8), [0, 1]), {}) == (42, 8, 4)
+    assert column_reduction_shape(total, (torch.randn(6, 8).t(), [0]), {}) is None  # the stride-1 dimension
+    assert column_reduction_shape(total, (torch.randn(6, 7, 8)[:, :, :4], [0, 1]), {}) is None  # not dense
+    assert column_reduction_shape(total, (torch.randn(6, 7, 8), [0, 2]), {}) is None
+    assert column_reduction_shape(total, (torch.randn(6, 7, 8), [2]), {}) is None
+
+
+def test_per_head_norm_weight_gradients_are_marked():
+    """Qwen3's q_norm and k_norm (RMSNorm over the head size, before the transpose to heads
+    first): their weights' gradients reduce b·s·h rows of head-size columns (on the H200 the
+    k_norm's took a 64 MiB workspace: tests/test_gpu_traces.py)."""
+    config = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 256, "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 16, "max_position_embeddings": 256, "tie_word_embeddings": True}
+    scenario = scenario_from_values(task="causal-lm", batch_size=4, seq_len=64, device="cuda", precision="bf16-mixed")
+    shape = model_shape_for_config(dict(config), scenario.task, scenario.num_labels, "tiny-qwen3")
+    table = cache._compute(shape, scenario, cache.technique_key(shape, scenario))
+    found = Counter((poly_value(rows, 3, 10), poly_value(cols, 3, 10))
+                    for _, rows, cols, _ in table.trace.column_reductions)
+    assert found[(3 * 10 * 4, 16)] and found[(3 * 10 * 2, 16)]  # q_norm over 4 heads, k_norm over 2

@@ -38,7 +38,10 @@ PROBE_FORMAT = 4
 # CPU format 4 and CUDA format 6: the tracker's multi-gradient hooks keep no gradient
 # (planner.probe.memtracker); only models with a module whose inputs come from distinct autograd
 # nodes changed (scripts/carry_shipped_tables.py carried the others' shipped tables over).
-CUDA_PROBE_FORMAT = 6
+# CUDA format 7: each fused attention backward marked for its kernels' scratch
+# (planner.attention_scratch), and column reductions of transposed tensors marked as CUDA's
+# reduction kernel sees them (planner.probe.recorder: Qwen3's per-head norms' weight gradients).
+CUDA_PROBE_FORMAT = 7
 # The optimizer step's probe has its own: it runs no module forward, which format 4 changed.
 STEP_PROBE_FORMAT = 3
 _MEMORY: dict[tuple[str, str], ProbeTable | str] = {}  # a str is why the probe cannot run

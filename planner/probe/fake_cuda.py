@@ -46,8 +46,10 @@ exact element counts (MemTracker rounds CUDA storages to 512 B, the caching allo
 block size; the allocator model is another module's); the philox seed and offset (24 B
 per flash call, 16 B otherwise) are counted, where on a GPU they live in host memory; the
 attention kernels' internal scratch (flash backward's fp32 dq accumulator, the
-memory-efficient and cuDNN workspaces) is not counted: only what the ops return and
-autograd saves is.
+memory-efficient and cuDNN workspaces) is not made here: only what the ops return and
+autograd saves is; the probe marks each fused backward (`attention_backward_call`: its
+dimensions, and whether cuDNN's filters pass it on the reference build) and the allocator's
+replay makes the scratch (planner.attention_scratch).
 
 Known limitations: the selection reads torch 2.13's rules from source; the source read is
 pytorch main at 001f694 (sdp_utils.cpp) with torch 2.13.0's installed sdp_utils_cpp.h,
@@ -68,6 +70,8 @@ from dataclasses import dataclass
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from planner import attention_scratch as scratch
 
 
 class Backend(enum.Enum):
@@ -402,10 +406,7 @@ def refusal(backend: Backend, params: SdpParams, gpu: CudaGpu) -> str | None:
 
 def prefers_cudnn(gpu: CudaGpu) -> bool:
     """check_prefer_cudnn_attention (unless TORCH_CUDNN_SDPA_DEPRIORITIZED is set)."""
-    v = gpu.cudnn_version
-    if v is None or v <= 91500 or gpu.major not in (9, 10):
-        return False
-    return gpu.cuda_version >= 13000 or gpu.minor in (0, 3)
+    return scratch.prefers_cudnn(gpu.major, gpu.minor, scratch.CudaBuild(gpu.cudnn_version, gpu.cuda_version))
 
 
 _DEFAULT_ORDER = [Backend.FLASH.value, Backend.EFFICIENT.value, Backend.MATH.value, Backend.CUDNN.value, 4]
@@ -428,6 +429,37 @@ def select_sdp_backend(params: SdpParams, gpu: CudaGpu | str) -> Backend:
         if refusal(backend, params, gpu) is None:
             return backend
     raise RuntimeError("No available kernel. Aborting execution.")  # select_sdp_backend's own words
+
+
+# --- what an attention backward takes beside its outputs (planner.attention_scratch) ---
+
+class _BackwardParams(SdpParams):
+    def requires_grad(self) -> bool:  # a backward runs: its forward's inputs required a gradient
+        return True
+
+
+# The GPU whose cuDNN filters a backward is tested on: sm90 with the reference build.
+_CUDNN_REFERENCE_GPU = CudaGpu("H100 / H200", 9, 0, cudnn_version=scratch.CUDNN_REFERENCE.cudnn_version,
+                               cuda_version=scratch.CUDNN_REFERENCE.cuda_version)
+_BACKWARDS = {torch.ops.aten._scaled_dot_product_flash_attention_backward.default: scratch.FLASH,
+              torch.ops.aten._scaled_dot_product_efficient_attention_backward.default: scratch.EFFICIENT,
+              torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default: scratch.CUDNN}
+
+
+def attention_backward_call(func, args, kwargs) -> scratch.AttentionBackward | None:
+    """The fused attention backward `func` is, with its dimensions and whether cuDNN's filters
+    pass its inputs on the reference build (as the forward's would: the same query, key,
+    value, mask, dropout and causality); None for any other op."""
+    backend = _BACKWARDS.get(func)
+    if backend is None:
+        return None
+    named = dict(zip((a.name for a in func._schema.arguments), args)) | dict(kwargs or {})
+    query, key, value = named["query"], named["key"], named["value"]
+    params = _BackwardParams(query, key, value, named.get("attn_bias"), float(named.get("dropout_p") or 0.0),
+                             bool(named.get("is_causal")), key.size(1) != query.size(1))
+    eligible = refusal(Backend.CUDNN, params, _CUDNN_REFERENCE_GPU) is None
+    (b, h_q, s_q, d_qk), (h_kv, s_kv), d_v = query.shape, key.shape[1:3], value.size(3)
+    return scratch.AttentionBackward(backend, eligible, b, h_q, h_kv, s_q, s_kv, d_qk, d_v, query.element_size())
 
 
 # --- the attention op, as attention.cpp's scaled_dot_product_attention runs it on CUDA ---

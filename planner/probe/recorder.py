@@ -15,7 +15,9 @@ a cuBLAS routine made (the caching allocator gives each thread's cuBLAS workspac
 first such call: planner.reserved places it there) and, for a reduction over leading
 dimensions of a contiguous tensor (a bias's gradient: `sum_to` over the tokens), its rows
 and columns (its launch takes a workspace for as long as it runs when it splits the rows
-across blocks: planner.cuda_reduction, whose size is not a polynomial in b and s).
+across blocks: planner.cuda_reduction, whose size is not a polynomial in b and s), and, on
+the last output of a fused attention backward, its dimensions, backend and whether cuDNN
+would take it (its kernels' scratch: planner.attention_scratch).
 
 Known limitations: a storage larger than the tensor that created it (an op returning a
 view of a fresh buffer) or a resized storage has no shape-derived size; the recording is
@@ -35,7 +37,9 @@ import torch
 from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.mem_tracker import _UpdateType
 
+from planner.attention_scratch import AttentionBackward
 from planner.probe.accumulation import InputBufferSums
+from planner.probe.fake_cuda import attention_backward_call
 from planner.probe.memtracker import TrainableMemTracker
 
 _aten = torch.ops.aten
@@ -48,20 +52,33 @@ COLUMN_REDUCTIONS = frozenset({_aten.sum.dim_IntList, _aten.mean.dim})
 
 
 def column_reduction_shape(func, args, kwargs) -> tuple[int, int, int] | None:
-    """(rows, columns, accumulator bytes) of a reduction over leading dimensions of a
-    contiguous floating-point tensor (the rows reduced, the columns kept), else None."""
+    """(rows, columns, accumulator bytes) of a reduction of a dense floating-point tensor over
+    dimensions that all move slower in memory than every dimension it keeps (the rows reduced,
+    the columns kept), else None. TensorIterator orders a reduction's dimensions by stride, so
+    a transposed gradient reduced over its leading dimensions (a per-head norm's weight, whose
+    input came through a transpose) takes the same kernel as a contiguous one."""
     if func not in COLUMN_REDUCTIONS or not args or not isinstance(args[0], torch.Tensor):
         return None
     tensor = args[0]
     dims = args[1] if len(args) > 1 else (kwargs or {}).get("dim")
-    if not tensor.is_floating_point() or tensor.dim() < 2 or not tensor.is_contiguous() or not dims:
+    if not tensor.is_floating_point() or tensor.dim() < 2 or not dims:
         return None
-    reduced = sorted({d % tensor.dim() for d in dims})
-    if reduced != list(range(len(reduced))) or len(reduced) == tensor.dim():
+    reduced = {d % tensor.dim() for d in dims}
+    if len(reduced) == tensor.dim():
         return None
-    rows = math.prod(tensor.shape[:len(reduced)])
+    order = [d for d in sorted(range(tensor.dim()), key=lambda d: -tensor.stride(d)) if tensor.size(d) != 1]
+    expected = 1  # dense: each dimension's stride is the product of the faster ones' sizes
+    for d in reversed(order):
+        if tensor.stride(d) != expected:
+            return None
+        expected *= tensor.size(d)
+    slow = [d in reduced for d in order]
+    if not any(slow) or slow != sorted(slow, reverse=True):  # the reduced dimensions first in memory
+        return None
+    rows = math.prod(tensor.size(d) for d in reduced)
     accumulator = 8 if tensor.dtype == torch.float64 else 4  # acc_type: float for fp32, bf16 and fp16
     return rows, tensor.numel() // max(rows, 1), accumulator
+
 
 # MemTracker's reference types, in the planner's category vocabulary (runners.probes too).
 CATEGORY = {"Parameter": "weights", "Buffer": "weights", "Gradient": "gradients", "Optstate": "optimizer_state",
@@ -99,6 +116,8 @@ class Recording:
     # accumulator bytes) of a column reduction's output
     cublas: list[int] = field(default_factory=list)
     column_reductions: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    # storage -> the fused attention backward whose last output it is (planner.attention_scratch)
+    attention_backwards: dict[int, AttentionBackward] = field(default_factory=dict)
 
 
 class Recorder(TrainableMemTracker):
@@ -132,10 +151,14 @@ class Recorder(TrainableMemTracker):
     def _dispatch_on_cuda(self, func, types, args, kwargs):
         packet = getattr(func, "overloadpacket", None)
         reduction = column_reduction_shape(func, args, kwargs)
-        self._making = ("cublas",) if packet in CUBLAS_OPS else ("reduction", reduction) if reduction else None
+        attention = attention_backward_call(func, args, kwargs)
+        self._making = (("cublas",) if packet in CUBLAS_OPS else ("reduction", reduction) if reduction
+                        else ("attention", []) if attention else None)
         try:
             return super()._dispatch_on_cuda(func, types, args, kwargs)
         finally:
+            if attention is not None and self._making[1]:
+                self.recording.attention_backwards[max(self._making[1])] = attention
             self._making = None
 
     def _update_and_maybe_create_winfos(self, t, reftype, update_existing=False):
@@ -208,6 +231,8 @@ class Recorder(TrainableMemTracker):
             if self._making is not None:
                 if self._making[0] == "cublas":
                     self.recording.cublas.append(index)
+                elif self._making[0] == "attention":
+                    self._making[1].append(index)
                 else:
                     self.recording.column_reductions[index] = self._making[1]
             self._emit(index, +1, category)

@@ -184,7 +184,7 @@ def _check_aligned(recordings: list[Recording]) -> None:
         if recording.unsized:
             raise ProbeUnsupported(recording.unsized[0])
     if any(r.cublas != first.cublas or r.column_reductions.keys() != first.column_reductions.keys()
-           for r in recordings[1:]):
+           or r.attention_backwards.keys() != first.attention_backwards.keys() for r in recordings[1:]):
         raise ProbeUnsupported("the model runs different CUDA kernels at different batch or sequence sizes")
 
 
@@ -200,6 +200,25 @@ def _column_reductions(recordings: list[Recording]) -> tuple[tuple[int, Poly, Po
         rows = _dimension_formula(tuple(rows for rows, _, _ in shapes), sizes)
         cols = _dimension_formula(tuple(cols for _, cols, _ in shapes), sizes)
         out.append((index, _frozen(rows), _frozen(cols), shapes[0][2]))
+    return tuple(out)
+
+
+ATTENTION_DIMS = ("batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim_qk", "head_dim_v")
+
+
+def _attention_backwards(recordings: list[Recording]) -> tuple[tuple[int, str, bool, tuple[Poly, ...], int], ...]:
+    """Each fused attention backward (planner.attention_scratch) on its last output's storage:
+    backend, whether cuDNN would take it, its dimensions (ATTENTION_DIMS) as dimension formulas
+    in b and s, and Q's element bytes."""
+    sizes = tuple((r.batch_size, r.seq_len) for r in recordings)
+    out = []
+    for index in sorted(recordings[0].attention_backwards):
+        calls = [r.attention_backwards[index] for r in recordings]
+        if len({(c.backend, c.cudnn_eligible, c.element_bytes) for c in calls}) != 1:
+            raise ProbeUnsupported("an attention backward runs differently at different batch or sequence sizes")
+        dims = tuple(_frozen(_dimension_formula(tuple(getattr(c, name) for c in calls), sizes))
+                     for name in ATTENTION_DIMS)
+        out.append((index, calls[0].backend, calls[0].cudnn_eligible, dims, calls[0].element_bytes))
     return tuple(out)
 
 
@@ -223,7 +242,7 @@ def _made(groups: dict, live_at_start) -> tuple[dict, dict]:
 
 
 def _trace(recording: Recording, polys: list[dict], variants: dict[str, list], made: dict,
-           reductions: tuple = ()) -> ProbeTrace:
+           reductions: tuple = (), attention: tuple = ()) -> ProbeTrace:
     """The allocation order for the allocator's replay (planner.probe.table.ProbeTrace): of
     each storage only its allocation (first +1, unless alive at the start) and its free (last
     -1, when it does not outlive the recording); a category change (-1 then +1) moves no byte."""
@@ -251,7 +270,7 @@ def _trace(recording: Recording, polys: list[dict], variants: dict[str, list], m
         makers=tuple(makers), ordinals=tuple(ordinals),
         events={name: tuple((event.index, event.sign, weight) for event, weight in entries if id(event) in real)
                 for name, entries in variants.items()},
-        cublas=tuple(sorted(set(recording.cublas))), column_reductions=reductions)
+        cublas=tuple(sorted(set(recording.cublas))), column_reductions=reductions, attention_backwards=attention)
 
 
 def _segment_events(groups: dict, layout: Layout, live_at_start) -> dict[str, list]:
@@ -360,7 +379,7 @@ def solve(recordings: list[Recording], layout: Layout, key: str, on_real_tensors
     for name, variant in variants.items():
         segments[name] = _segment(variant, polys)
     trace = _trace(recordings[0], polys, variants, _made(groups, recordings[0].live_at_start)[0],
-                   _column_reductions(recordings))
+                   _column_reductions(recordings), _attention_backwards(recordings))
     return ProbeTable(key=key, num_layers=layout.num_layers, stands_for=layout.stands_for,
                       initial=tuple(_frozen(p) for p in initial), segments=segments, order=order,
                       on_real_tensors=on_real_tensors, trace=trace,

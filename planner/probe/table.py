@@ -88,6 +88,10 @@ class ProbeTrace:
     # elements) and its accumulator's bytes. Empty for a CPU table.
     cublas: tuple[int, ...] = ()
     column_reductions: tuple[tuple[int, Poly, Poly, int], ...] = ()
+    # Per fused attention backward, on its last output's storage: backend, whether cuDNN would
+    # take it, its dimensions (planner.probe.solve.ATTENTION_DIMS, each a polynomial in b and s)
+    # and Q's element bytes (planner.attention_scratch).
+    attention_backwards: tuple[tuple[int, str, bool, tuple[Poly, ...], int], ...] = ()
 
     def to_json(self) -> dict:
         # Compact: distinct polynomials once; an event is one int (i: allocate, ~i: free),
@@ -118,6 +122,9 @@ class ProbeTrace:
         if self.column_reductions:
             data["column_reductions"] = [[index, [list(t) for t in rows], [list(t) for t in cols], accumulator]
                                          for index, rows, cols, accumulator in self.column_reductions]
+        if self.attention_backwards:
+            data["attention_backwards"] = [[index, backend, eligible, [[list(t) for t in d] for d in dims], element]
+                                           for index, backend, eligible, dims, element in self.attention_backwards]
         return data
 
     @classmethod
@@ -136,9 +143,13 @@ class ProbeTrace:
         reductions = tuple((int(index), tuple(tuple(int(v) for v in t) for t in rows),
                             tuple(tuple(int(v) for v in t) for t in cols), int(accumulator))
                            for index, rows, cols, accumulator in data.get("column_reductions", ()))
+        attention = tuple((int(index), str(backend), bool(eligible),
+                           tuple(tuple(tuple(int(v) for v in t) for t in d) for d in dims), int(element))
+                          for index, backend, eligible, dims, element in data.get("attention_backwards", ()))
         return cls(polys=polys, initial=tuple(int(i) for i in data["initial"]),
                    gradients=tuple(int(i) for i in data["gradients"]), makers=makers, ordinals=ordinals,
-                   events=events, cublas=tuple(int(i) for i in data.get("cublas", ())), column_reductions=reductions)
+                   events=events, cublas=tuple(int(i) for i in data.get("cublas", ())), column_reductions=reductions,
+                   attention_backwards=attention)
 
 
 def _makers(events: dict, count: int, unmade: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
