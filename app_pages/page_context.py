@@ -152,6 +152,21 @@ def cached_for_model(context: PageContext, kind: str, build: Callable[[], T], *i
     return _per_scenario(kind, (context.config_digest, context.name, *inputs), build)  # type: ignore[return-value]
 
 
+@contextlib.contextmanager
+def combination_progress(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar while the block runs a fit search (planner.fit.find_fits' `progress`):
+    yields `progress(done, total)`, which moves it; the bar is gone after the block."""
+    bar = st.progress(0.0, text=f"{label}…")
+
+    def progress(done: int, total: int) -> None:
+        bar.progress(done / total if total else 1.0, text=f"{label}: {done:,} of {total:,} combinations")
+
+    try:
+        yield progress
+    finally:
+        bar.empty()
+
+
 # Long searches (What fits), server-wide by scenario and page inputs: computed outside
 # st.cache_resource, whose cached-element replay refuses a progress bar made outside the cached
 # function and updated from inside it (CacheReplayClosureError on the next session's hit).
@@ -171,15 +186,8 @@ def searched_with_progress(context: PageContext, kind: str, label: str,
         if key in _SEARCHES:
             _SEARCHES.move_to_end(key)
             return _SEARCHES[key]  # type: ignore[return-value]
-    bar = st.progress(0.0, text=f"{label}…")
-
-    def progress(done: int, total: int) -> None:
-        bar.progress(done / total if total else 1.0, text=f"{label}: {done:,} of {total:,} combinations")
-
-    try:
+    with combination_progress(label) as progress:
         result = search(progress)
-    finally:
-        bar.empty()
     with _SEARCHES_LOCK:
         result = _SEARCHES.setdefault(key, result)
         if len(_SEARCHES) > _SEARCHES_KEPT:

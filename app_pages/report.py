@@ -7,7 +7,7 @@ Layout only: reporting.build_report computes, reporting.render_report writes.
 
 import streamlit as st
 
-from app_pages.page_context import method_comparison, start_page
+from app_pages.page_context import combination_progress, method_comparison, start_page
 from planner.errors import PlannerInputError
 from planner.units import format_bytes
 from reporting import build_report, render_report
@@ -34,23 +34,16 @@ def render() -> None:
     methods = method_comparison(context, records, key="report_compare_methods")
     # The report's What fits search: on CUDA a 7B model's first one replays the caching
     # allocator for a minute or more (benchmarks/fit_speed.py); later ones are cached.
-    bar = st.empty()
-
-    def progress(done: int, total: int) -> None:
-        bar.progress(done / total if total else 1.0,
-                     text=f"Searching what fits: {done:,} of {total:,} combinations")
-
     try:
-        report = build_report(context.shape, context.plan_values, context.capacity_bytes, context.values.gpu_preset,
-                              context.values.gpu_count, records, context.config, strategy=context.parallel.strategy,
-                              gpu=preset_gpu(context.values),
-                              search_adapters=st.session_state.get("fit_search_adapters", True), methods=methods,
-                              progress=progress)
+        with combination_progress("Searching what fits") as progress:
+            report = build_report(context.shape, context.plan_values, context.capacity_bytes,
+                                  context.values.gpu_preset, context.values.gpu_count, records, context.config,
+                                  strategy=context.parallel.strategy, gpu=preset_gpu(context.values),
+                                  search_adapters=st.session_state.get("fit_search_adapters", True),
+                                  methods=methods, progress=progress)
     except PlannerInputError as error:
         st.error(str(error), icon=":material/error:")
         return
-    finally:
-        bar.empty()
     peak = format_bytes(peak_bytes(report.per_gpu))
     strategy = f" with {context.parallel.strategy.value}" if context.parallel.distributed else ""
     st.metric("Peak of this plan", peak, help="Per GPU" + strategy)

@@ -106,7 +106,7 @@ def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
-def cudnn_workspace_bytes(call: AttentionBackward, build: CudaBuild = CUDNN_REFERENCE) -> int:
+def cudnn_workspace_bytes(call: AttentionBackward, build: CudaBuild) -> int:
     """cudnn-frontend's SDPA backward workspace (module doc)."""
     b, h, s_q = call.batch, call.heads_q, call.seq_q
     size = b * h * s_q * (call.head_dim_qk + 1) * 4 + 256
@@ -137,12 +137,12 @@ def replay_backend(call: AttentionBackward, compute_capability: tuple[int, int] 
     if not call.cudnn_eligible:
         return call.backend
     if compute_capability is None:
-        own = sum(scratch_sizes(call, call.backend))
-        return CUDNN if cudnn_workspace_bytes(call) > own else call.backend
+        own = sum(scratch_sizes(call, call.backend, build))
+        return CUDNN if cudnn_workspace_bytes(call, build) > own else call.backend
     return CUDNN if prefers_cudnn(*compute_capability, build) else call.backend
 
 
-def scratch_sizes(call: AttentionBackward, backend: str, build: CudaBuild = CUDNN_REFERENCE) -> list[int]:
+def scratch_sizes(call: AttentionBackward, backend: str, build: CudaBuild) -> list[int]:
     if backend == CUDNN:
         return [cudnn_workspace_bytes(call, build)]
     if backend == FLASH:
@@ -151,7 +151,7 @@ def scratch_sizes(call: AttentionBackward, backend: str, build: CudaBuild = CUDN
 
 
 def scratch_events(owner: Hashable, call: AttentionBackward, backend: str,
-                   build: CudaBuild = CUDNN_REFERENCE) -> list[tuple[Hashable, int]]:
+                   build: CudaBuild) -> list[tuple[Hashable, int]]:
     """The backward's scratch as caching-allocator events, made after its last output (`owner`,
     that output's key) and freed before anything else happens (module doc for the order)."""
     sizes = scratch_sizes(call, backend, build)

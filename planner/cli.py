@@ -21,7 +21,7 @@ from planner.batch import (
     clipped,
     line_answer,
 )
-from planner.attention_scratch import cuda_build_from
+from planner.attention_scratch import CudaBuild, cuda_build_from
 from planner.catalog import catalog_entries
 from planner.device_fit import plan_verdict, reserved_check
 from planner.errors import PlannerInputError
@@ -241,12 +241,13 @@ def result_json(values: dict, base_dir: Path | None = None, allow_hub: bool = Fa
     the caching allocator replayed where planner.device_fit can)."""
     shape, result = _shape_and_parallel(values, base_dir, allow_hub)
     data = {**result.base.to_json(), **result.to_json()}
-    verdict = verdict_from_values(values, result, shape)
+    build = cuda_build_from(values.get("cudnn_version"))
+    verdict = verdict_from_values(values, result, shape, build)
     if verdict is not None:
         data.update(verdict.to_json())
         if result.base.scenario.device is Device.CUDA:
             # The cuDNN the replay's attention kernels were chosen for (planner.attention_scratch).
-            data["cudnn_version"] = cuda_build_from(values.get("cudnn_version")).cudnn_version
+            data["cudnn_version"] = build.cudnn_version
     elif result.base.scenario.device is Device.CUDA:
         # The allocator is replayed for a verdict on a GPU only: a 7B step's replay is tens of
         # milliseconds, and a `planner batch` file without GPUs should stay at estimate speed.
@@ -258,12 +259,14 @@ def result_json(values: dict, base_dir: Path | None = None, allow_hub: bool = Fa
     return data
 
 
-def verdict_from_values(values: dict, result: ParallelEstimate, shape: ModelShape) -> DeviceVerdict | None:
-    """The verdict on the `gpu` of `values` (a planner.gpus key or GiB); None without one."""
+def verdict_from_values(values: dict, result: ParallelEstimate, shape: ModelShape,
+                        build: CudaBuild) -> DeviceVerdict | None:
+    """The verdict on the `gpu` of `values` (a planner.gpus key or GiB), its attention kernels
+    those of torch's CUDA `build`; None without one."""
     if values.get("gpu") is None:
         return None
     gpu, capacity = gpu_from_text(values["gpu"])
-    return plan_verdict(shape, result, capacity, gpu, result.plan, build=cuda_build_from(values.get("cudnn_version")))
+    return plan_verdict(shape, result, capacity, gpu, result.plan, build=build)
 
 
 def estimate_from_values(values: dict, base_dir: Path | None = None, allow_hub: bool = False) -> Estimate:
@@ -336,7 +339,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
               **({"target_len": args.target_len} if args.target_len is not None else {})}
     if args.gpu is not None:
         gpu_from_text(args.gpu)  # a bad --gpu is refused before anything is estimated
-    cuda_build_from(args.cudnn_version)
+    build = cuda_build_from(args.cudnn_version)  # a bad --cudnn-version too
     if args.json:
         print(json.dumps(result_json(values, base_dir=Path.cwd(), allow_hub=args.hub)))
         return 0
@@ -344,7 +347,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
     print(format_table(result.base))
     if result.plan.distributed or result.plan.local_sgd_steps is not None:
         print("\n" + format_parallel_table(result))
-    verdict = verdict_from_values(values, result, shape)
+    verdict = verdict_from_values(values, result, shape, build)
     if verdict is not None:
         print("\n" + format_verdict(verdict))
     return 0

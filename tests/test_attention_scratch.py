@@ -4,7 +4,6 @@ and where the replay makes the scratch."""
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -52,7 +51,7 @@ def test_the_cudnn_workspace_is_the_size_the_h200_recorded(record, heads_q, head
 
 
 def test_cudnn_before_9_16_adds_its_padding_workaround_where_keys_are_not_a_multiple_of_128():
-    call = dataclasses.replace(_call(4, 12, 12, 500, 64))
+    call = _call(4, 12, 12, 500, 64)
     new, old = CudaBuild(91900, 13000), CudaBuild(91500, 12080)
     assert scratch.cudnn_workspace_bytes(call, old) - scratch.cudnn_workspace_bytes(call, new) == 4 * 8
     aligned = _call(4, 12, 12, 512, 64)
@@ -75,7 +74,7 @@ def test_flash_scratch_expands_grouped_key_and_value_gradients_to_every_head():
 
 
 def test_flash_frees_its_locals_in_reverse_then_softmax_d():
-    events = scratch.scratch_events("out", _call(2, 8, 2, 300, 64), scratch.FLASH)
+    events = scratch.scratch_events("out", _call(2, 8, 2, 300, 64), scratch.FLASH, scratch.DEFAULT_BUILD)
     keys = [key[2] for key, _ in events]
     assert keys == [0, 1, 2, 3, 3, 2, 1, 0]
     assert [n == FREE for _, n in events] == [False] * 4 + [True] * 4
@@ -99,7 +98,7 @@ def test_a_call_cudnn_refuses_keeps_the_probes_backend_and_an_unknown_gpu_the_la
     refused = _call(4, 8, 8, 512, 64, eligible=False)
     assert scratch.replay_backend(refused, (9, 0), CudaBuild(91900, 13000)) == scratch.FLASH
     grouped = _call(4, 8, 2, 512, 64)  # cuDNN's full-head dK and dV in one request: larger than flash's
-    assert scratch.cudnn_workspace_bytes(grouped) > sum(scratch.flash_scratch_bytes(grouped))
+    assert scratch.cudnn_workspace_bytes(grouped, scratch.DEFAULT_BUILD) > sum(scratch.flash_scratch_bytes(grouped))
     assert scratch.replay_backend(grouped, None) == scratch.CUDNN
     plain = _call(4, 8, 8, 512, 64)  # the same bytes but cuDNN's own 256
     assert scratch.replay_backend(plain, None) == scratch.CUDNN

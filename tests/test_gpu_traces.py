@@ -70,26 +70,36 @@ def _real_requests(trace: dict) -> list[tuple[str, int]]:
     return out
 
 
-def _planned_requests(scenario_id: str) -> tuple[list[tuple[str, int]], int | None, int | None]:
-    """The planner's requests for the scenario on the run's GPU and cuDNN (prefix, then two
-    steps), the position of the autograd thread's cuBLAS workspace among them and that of the
-    first large attention backward scratch (None: none)."""
+def _planner_replay(scenario_id: str) -> tuple[dict, list, list, int]:
+    """The planner's record of the scenario on the run's GPU and cuDNN, and the replay it rests
+    on: (record, prefix, step, real steps per replayed step)."""
     spec = next(s for s in gpu_check.SCENARIOS if s["id"] == scenario_id)
     captured = []
     original = reserved.replay
 
     def spy(step, prefix=(), repeats=1, **settings):
-        captured.append(list(prefix) + list(step) * repeats)
+        captured.append((list(prefix), list(step)))
         return original(step, prefix=prefix, repeats=repeats, **settings)
 
     reserved._REPLAYS.clear()
+    reserved._STEP_FORMS.clear()
     reserved.replay = spy
     try:
-        gpu_check.planner_record(spec, "cuda", "h200", CUDNN_OF_THE_RECORDS)
+        record = gpu_check.planner_record(spec, "cuda", "h200", CUDNN_OF_THE_RECORDS)
     finally:
         reserved.replay = original
+    (steps_per_step,) = {steps for _, steps in reserved._STEP_FORMS.values()}
+    prefix, step = captured[-1]
+    return record, prefix, step, steps_per_step
+
+
+def _planned_requests(scenario_id: str) -> tuple[list[tuple[str, int]], int | None, int | None]:
+    """The planner's requests for the scenario on the run's GPU and cuDNN (prefix, then two
+    steps), the position of the autograd thread's cuBLAS workspace among them and that of the
+    first large attention backward scratch (None: none)."""
+    _, prefix, step, _ = _planner_replay(scenario_id)
     sizes, out, workspace, scratch = {}, [], None, None
-    for key, nbytes in captured[-1]:
+    for key, nbytes in prefix + step * 2:
         if nbytes != FREE:
             # The records hold the sizes requested, before the allocator's 512 B rounding (cuDNN's
             # workspace reads 15,851,776 B, 256 B past a multiple of 512), as the planner's are.
@@ -230,23 +240,7 @@ def test_the_planners_replay_reserves_at_step_three_what_the_run_reserved(scenar
     still grows after step 3 (README, "Measured on a GPU")."""
     from planner.cuda_allocator import AllocatorSettings, CachingAllocator
 
-    spec = next(s for s in gpu_check.SCENARIOS if s["id"] == scenario_id)
-    captured = []
-    original = reserved.replay
-
-    def spy(step, prefix=(), repeats=1, **settings):
-        captured.append((list(prefix), list(step)))
-        return original(step, prefix=prefix, repeats=repeats, **settings)
-
-    reserved._REPLAYS.clear()
-    reserved._STEP_FORMS.clear()
-    reserved.replay = spy
-    try:
-        record = gpu_check.planner_record(spec, "cuda", "h200", CUDNN_OF_THE_RECORDS)
-    finally:
-        reserved.replay = original
-    (steps_per_step,) = {steps for _, steps in reserved._STEP_FORMS.values()}
-    prefix, step = captured[-1]
+    record, prefix, step, steps_per_step = _planner_replay(scenario_id)
     trace = _trace(scenario_id)
     allocator = CachingAllocator(AllocatorSettings(expandable_segments="True" in trace["alloc_conf"]))
     allocator.replay(prefix + step * (2 // steps_per_step))  # the first step, then steps 2 and 3
