@@ -136,12 +136,14 @@ def stop_server(server: subprocess.Popen) -> None:
         server.kill()
 
 
-def start_server(port: int, data_dir: str) -> subprocess.Popen:
+def start_server(port: int, data_dir: str, script: Path | None = None) -> subprocess.Popen:
+    """The dashboard as scripts/dashboard.sh starts it (the README's command): scripts/serve.py,
+    with the project's .streamlit/config.toml (cwd). `script`: another Streamlit script instead,
+    run by `streamlit run` under the same config."""
     env = {**os.environ, "PLANNER_DATA_DIR": data_dir}
-    # As scripts/dashboard.sh starts it (the README's command): scripts/serve.py, with the
-    # project's .streamlit/config.toml (cwd).
-    server = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "serve.py"),
-                               "--server.port", str(port), "--server.address", "127.0.0.1",
+    command = ([sys.executable, str(ROOT / "scripts" / "serve.py")] if script is None
+               else [sys.executable, "-m", "streamlit", "run", str(script)])
+    server = subprocess.Popen([*command, "--server.port", str(port), "--server.address", "127.0.0.1",
                                "--server.headless", "true", "--browser.gatherUsageStats", "false"],
                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(240):

@@ -24,6 +24,7 @@ allocator's replay (planner.cuda_allocator).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 CATEGORIES = ("gradients", "activations", "temporaries")
@@ -61,6 +62,53 @@ def monomial_value(i: int, j: int, b: int, s: int) -> int:
 
 def poly_value(poly: Poly, b: int, s: int) -> int:
     return sum(c * monomial_value(i, j, b, s) for i, j, c in poly)
+
+
+PolyValues = Callable[[int, int], tuple[int, ...]]
+
+
+def compile_polys(polys: Sequence[Poly]) -> PolyValues:
+    """A function of (b, s) returning every one of `polys`' values in order, poly_value's
+    integers, from one generated function that computes each distinct monomial once.
+
+    Why: a scenario's estimate walks a few hundred polynomials of its table and a replay of the
+    caching allocator sizes hundreds to thousands of allocations of its trace
+    (planner.probe.trace); a sidebar change on the Plan page makes a few hundred of each. Term
+    by term (poly_value), DistilBERT's CUDA table took 125 us for its walk's 222 polynomials
+    and 465 us for its trace's 790 (2 cores); generated, 8 us and 15 us.
+    The source is written from the polynomials' integers alone (exponents, coefficients and
+    ROUNDINGS' multiples), so a table read from a file cannot put anything else into it."""
+    monomials: dict[tuple[int, int], int] = {}
+    for poly in polys:
+        for i, j, _ in poly:
+            monomials.setdefault((int(i), int(j)), len(monomials))
+    rounded = {digit for _, j in monomials for digit, power in enumerate(_rounded_powers(j)) if power}
+    lines = ["def poly_values(b, s):"]
+    for digit, multiple in enumerate(ROUNDINGS.values()):
+        if digit in rounded:
+            lines.append(f"    r{digit} = -(-s // {int(multiple)}) * {int(multiple)}")
+    for (i, j), number in monomials.items():
+        factors = [_power("b", i), _power("s", j % _DIGIT)]
+        factors += [_power(f"r{digit}", power) for digit, power in enumerate(_rounded_powers(j))]
+        lines.append(f"    m{number} = {'*'.join(f for f in factors if f) or '1'}")
+    values = [" + ".join(f"{int(c)}*m{monomials[(int(i), int(j))]}" for i, j, c in poly) or "0" for poly in polys]
+    lines.append(f"    return ({', '.join(values)},)" if values else "    return ()")
+    namespace: dict = {}
+    exec(compile("\n".join(lines), "<planner.probe.table.compile_polys>", "exec"), namespace)  # integers only
+    return namespace["poly_values"]
+
+
+def _rounded_powers(j: int) -> list[int]:
+    """The power of each rounded s (ROUNDINGS' order) in exponent j: its base-100 digits after s's own."""
+    powers, j = [], j // _DIGIT
+    while j:
+        powers.append(j % _DIGIT)
+        j //= _DIGIT
+    return powers
+
+
+def _power(name: str, exponent: int) -> str:
+    return "" if exponent == 0 else name if exponent == 1 else f"{name}**{exponent}"
 
 
 @dataclass(frozen=True)
@@ -214,39 +262,29 @@ class ProbeTable:
         return head + (blocks[::-1] if backward else blocks)
 
     def walk(self, batch: int, seq: int, accumulation_steps: int) -> Walk:
-        values: dict[str, tuple[Bytes, tuple[Bytes, ...]]] = {}
-        for name, segment in self.segments.items():
-            delta = tuple(poly_value(p, batch, seq) for p in segment.delta)
-            candidates = tuple(tuple(poly_value(p, batch, seq) for p in c) for c in segment.candidates)
-            values[name] = (delta, candidates)
-        live = [poly_value(p, batch, seq) for p in self.initial]
+        """The step's high points at (batch, seq): each pass (micro-batch, direction) goes over
+        its parts in order (the blocks reversed in backward, a repeated block's first real
+        instance by its `:first` variant), each part's candidates over the live bytes at its
+        start, then its net change. With accumulation, the second micro-batch stands for every
+        later one (planner.probe.solve)."""
+        plan = _walk_plan(self, accumulation_steps)
+        v = plan.values(batch, seq)
+        live0, live1, live2 = v[0], v[1], v[2]
         highs: dict[bool, tuple[int, Bytes]] = {}
         forward_end = None
-        for micro in ((0,) if accumulation_steps == 1 else (0, 1)):
-            for backward in (False, True):
-                direction = "bw" if backward else "fw"
-                best = highs.get(backward, (-1, (0, 0, 0)))
-                seen = set()
-                for part in self._sequence(micro, backward):
-                    name = f"{micro}:{direction}:{part}"
-                    # A repeated block's first real instance may differ (planner.probe.solve).
-                    entry = values.get(name + ":first") if part not in seen else None
-                    seen.add(part)
-                    entry = entry or values.get(name)
-                    if entry is None:
-                        continue
-                    delta, candidates = entry
-                    base = live[0] + live[1] + live[2]
-                    for candidate in candidates:
-                        total = base + candidate[0] + candidate[1] + candidate[2]
-                        if total > best[0]:
-                            best = (total, (live[0] + candidate[0], live[1] + candidate[1],
-                                            live[2] + candidate[2]))
-                    live = [live[0] + delta[0], live[1] + delta[1], live[2] + delta[2]]
-                highs[backward] = best
-                if micro == 0 and not backward:
-                    forward_end = live[1] + live[2]
-        return Walk(Moment(*highs[False][1]), Moment(*highs[True][1]), Moment(*live), forward_end)
+        for backward, parts, is_first_forward in plan.passes:
+            best = highs.get(backward, (-1, (0, 0, 0)))
+            for delta, candidates in parts:
+                base = live0 + live1 + live2
+                for c in candidates:
+                    total = base + v[c] + v[c + 1] + v[c + 2]
+                    if total > best[0]:
+                        best = (total, (live0 + v[c], live1 + v[c + 1], live2 + v[c + 2]))
+                live0, live1, live2 = live0 + v[delta], live1 + v[delta + 1], live2 + v[delta + 2]
+            highs[backward] = best
+            if is_first_forward:
+                forward_end = live1 + live2
+        return Walk(Moment(*highs[False][1]), Moment(*highs[True][1]), Moment(live0, live1, live2), forward_end)
 
     # JSON: shipped for the catalog, cached for the rest.
     def to_json(self) -> dict:
@@ -279,3 +317,54 @@ class ProbeTable:
                    on_real_tensors=bool(data.get("on_real_tensors", False)),
                    trace=ProbeTrace.from_json(data["trace"]) if "trace" in data else None,
                    no_gradient=tuple(data.get("no_gradient", ())))
+
+
+@dataclass(frozen=True)
+class _WalkPlan:
+    """A table's walk laid out once per accumulation count: `values` gives every polynomial
+    the walk reads (initial bytes first, then each segment's delta and candidates, three by
+    CATEGORIES each), and each pass lists its parts as (offset of the delta, offsets of the
+    candidates) into those values."""
+
+    values: PolyValues
+    passes: tuple[tuple[bool, tuple[tuple[int, tuple[int, ...]], ...], bool], ...]  # (backward, parts, first forward)
+
+
+_WALK_PLANS: dict[tuple[str, int], tuple[ProbeTable, _WalkPlan]] = {}
+_WALK_PLANS_KEPT = 256
+
+
+def _walk_plan(table: ProbeTable, accumulation_steps: int) -> _WalkPlan:
+    # Kept per table (its key and the object itself: a table read again is planned again).
+    key = (table.key, 1 if accumulation_steps == 1 else 2)
+    kept = _WALK_PLANS.get(key)
+    if kept is not None and kept[0] is table:
+        return kept[1]
+    polys: list[Poly] = list(table.initial)
+    offsets: dict[str, tuple[int, tuple[int, ...]]] = {}
+    for name, segment in table.segments.items():
+        delta = len(polys)
+        polys += segment.delta
+        candidates = []
+        for candidate in segment.candidates:
+            candidates.append(len(polys))
+            polys += candidate
+        offsets[name] = (delta, tuple(candidates))
+    passes = []
+    for micro in ((0,) if accumulation_steps == 1 else (0, 1)):
+        for backward in (False, True):
+            direction = "bw" if backward else "fw"
+            parts, seen = [], set()
+            for part in table._sequence(micro, backward):
+                name = f"{micro}:{direction}:{part}"
+                entry = offsets.get(name + ":first") if part not in seen else None
+                seen.add(part)
+                entry = entry or offsets.get(name)
+                if entry is not None:
+                    parts.append(entry)
+            passes.append((backward, tuple(parts), micro == 0 and not backward))
+    plan = _WalkPlan(compile_polys(polys), tuple(passes))
+    if len(_WALK_PLANS) >= _WALK_PLANS_KEPT:
+        _WALK_PLANS.clear()
+    _WALK_PLANS[key] = (table, plan)
+    return plan

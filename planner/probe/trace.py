@@ -50,7 +50,7 @@ import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from planner.probe.table import ProbeTable, poly_value
+from planner.probe.table import PolyValues, ProbeTable, compile_polys
 
 FREE = -1  # planner.cuda_allocator.FREE: the nbytes of a free event
 
@@ -87,8 +87,9 @@ def _parts(table: ProbeTable, micro: int, backward: bool) -> list[tuple[int | No
 
 
 # The expansion's order and keys do not depend on batch or sequence, only its sizes do, so
-# one structure per (table, micro-batches) serves every size: (table, structure) by key.
-_STRUCTURES: dict[tuple[str, int], tuple[ProbeTable, Expansion]] = {}
+# one structure per (table, micro-batches) serves every size: (table, structure, the storages' sizes
+# as one compiled function of (b, s)) by key.
+_STRUCTURES: dict[tuple[str, int], tuple[ProbeTable, Expansion, PolyValues]] = {}
 _STRUCTURES_KEPT = 64
 
 
@@ -100,10 +101,11 @@ def expand(table: ProbeTable, batch: int, seq: int, accumulation_steps: int) -> 
     if cached is None or cached[0] is not table:
         if len(_STRUCTURES) >= _STRUCTURES_KEPT:
             _STRUCTURES.clear()
-        cached = table, _structure(table, accumulation_steps)
+        structure = _structure(table, accumulation_steps)  # raises TraceError without a trace
+        cached = table, structure, compile_polys(table.trace.polys)
         _STRUCTURES[(table.key, accumulation_steps)] = cached
-    structure = cached[1]
-    sizes = [poly_value(p, batch, seq) for p in table.trace.polys]
+    _, structure, storage_sizes = cached
+    sizes = storage_sizes(batch, seq)
     # An allocation's key is (storage, serial): its size is its storage's.
     events = [(key, FREE if nbytes == FREE else sizes[key[0]]) for key, nbytes in structure.events]
     return dataclasses.replace(structure, events=events)
