@@ -26,10 +26,21 @@ GPU and torch build choose (`replay_backend`), and frees it before the next even
   drops it. Deterministic mode (an nsplits dimension) is not modelled; nor is the
   `sum_out` reducing the expanded dK and dV to the key/value heads (a reduction over a middle
   dimension, whose kernel may take a global workspace).
-- **Memory-efficient** (not modelled): its backward copies the output gradient and takes
-  accumulators whose sizes depend on the CUTLASS kernel it selects (DistilBERT, fp32, 8 x 128:
-  3,145,728 B and 3,148,800 B per layer on the H200); on the measured runs they move no peak by
-  more than 0.23%.
+- **Memory-efficient**, fp32 with 64-wide heads (measured; read from torch's
+  transformers/cuda/attention_backward.cu `_efficient_attention_backward` and
+  mem_eff_attention/kernel_backward.h): after dQ, dK and dV, the fp32 kernels do not compute
+  `delta` themselves (`kKernelComputesDelta` is for 16-bit types), so torch does,
+  `(grad_out.float() * out.float()).sum(-1).transpose(-2, -1).contiguous()`: the product
+  (b, s_q, h_q, d_v) fp32, its sum (b, s_q, h_q) and the contiguous delta (b, h_q, s_q), the
+  two temporaries freed at the end of that expression (the sum, then the product). Then the
+  kernel's workspace, dQ's accumulator tiles (`workspace_elements_gq`: per batch and head,
+  ceil(s_q / 64) x ceil(d_qk / 64) tiles of 64 x 64 floats and a 16 B lock, rounded to 4
+  floats; dK and dV need none when the output type is the accumulator's); both freed when the
+  function returns. Recorded on the H200 (torch 2.11): 3,145,728 B and 3,148,800 B per layer
+  for DistilBERT at 8 x 128, 12,582,912 B and 12,595,200 B for BERT-base at 16 x 256 (with
+  attention dropout), equal to these. Not modelled: 16-bit types (the kernel computes delta,
+  and dK/dV accumulators and key splits depend on the CUTLASS kernel chosen and the GPU's SM
+  count) and other head sizes (another kernel's tiles).
 
 The backend: torch prefers cuDNN on sm90 and sm10x from cuDNN 9.15.1 on
 (sdp_utils.cpp `check_prefer_cudnn_attention`), where cuDNN's filters pass; the probe records
@@ -130,6 +141,23 @@ def flash_scratch_bytes(call: AttentionBackward) -> list[int]:
     return sizes
 
 
+# The tile of the fp32 kernel measured with 64-wide heads (kBlockSizeI x MatmulGradQ's kN), and
+# the 16 B of GradQTempStorage beside each tile's floats (its lock and counter).
+EFFICIENT_TILE = 64
+EFFICIENT_TILE_EXTRA_FLOATS = 4
+
+
+def efficient_scratch_bytes(call: AttentionBackward) -> list[int]:
+    """The memory-efficient backward's requests in order, fp32 with 64-wide heads: delta's
+    product, sum and delta, then the workspace (module doc); [] where not modelled."""
+    if call.element_bytes != 4 or call.head_dim_qk != EFFICIENT_TILE or call.head_dim_v != EFFICIENT_TILE:
+        return []
+    b, h, s_q = call.batch, call.heads_q, call.seq_q
+    tiles = -(-s_q // EFFICIENT_TILE) * -(-call.head_dim_qk // EFFICIENT_TILE)
+    per_head = _round_up(tiles * (EFFICIENT_TILE * EFFICIENT_TILE + EFFICIENT_TILE_EXTRA_FLOATS), 4)
+    return [b * s_q * h * call.head_dim_v * 4, b * s_q * h * 4, b * h * s_q * 4, b * h * per_head * 4]
+
+
 def replay_backend(call: AttentionBackward, compute_capability: tuple[int, int] | None,
                    build: CudaBuild = DEFAULT_BUILD) -> str:
     """The backend a GPU of `compute_capability` runs the call on with `build` (None: a GPU not
@@ -147,7 +175,7 @@ def scratch_sizes(call: AttentionBackward, backend: str, build: CudaBuild) -> li
         return [cudnn_workspace_bytes(call, build)]
     if backend == FLASH:
         return flash_scratch_bytes(call)
-    return []  # memory-efficient: not modelled (module doc)
+    return efficient_scratch_bytes(call)
 
 
 def scratch_events(owner: Hashable, call: AttentionBackward, backend: str,
@@ -159,6 +187,10 @@ def scratch_events(owner: Hashable, call: AttentionBackward, backend: str,
     events = list(zip(keys, sizes))
     if backend == FLASH:  # locals in reverse order, then softmax_d (returned, then dropped)
         return events + [(key, FREE) for key in reversed(keys[1:])] + [(keys[0], FREE)]
+    if backend == EFFICIENT and keys:  # product, sum, delta; the sum and product go; workspace; all go
+        product, total, delta, workspace = events
+        return [product, total, delta, (total[0], FREE), (product[0], FREE), workspace,
+                (workspace[0], FREE), (delta[0], FREE)]
     return events + [(key, FREE) for key in reversed(keys)]
 
 

@@ -50,6 +50,29 @@ def test_the_cudnn_workspace_is_the_size_the_h200_recorded(record, heads_q, head
     assert _requests_of(record).count(size) == 3 * layers  # three steps, one per layer
 
 
+# (record, batch, heads, sequence, layers; the product of delta and the workspace the H200 recorded,
+# fp32, 64-wide heads): one of each per layer per backward, three steps recorded.
+EFFICIENT_RECORDED = [("distilbert-adam8bit-exp", 8, 12, 128, 6, 3_145_728, 3_148_800),
+                      ("bert-base-adamw", 16, 12, 256, 12, 12_582_912, 12_595_200)]
+
+
+@pytest.mark.parametrize("record, batch, heads, seq, layers, product, workspace", EFFICIENT_RECORDED)
+def test_the_memory_efficient_fp32_scratch_is_the_size_the_h200_recorded(record, batch, heads, seq, layers,
+                                                                         product, workspace):
+    call = AttentionBackward(scratch.EFFICIENT, False, batch, heads, heads, seq, seq, 64, 64, 4)
+    sizes = scratch.efficient_scratch_bytes(call)
+    assert sizes == [product, batch * seq * heads * 4, batch * heads * seq * 4, workspace]
+    assert _requests_of(record).count(workspace) == 3 * layers
+
+
+@pytest.mark.parametrize("element_bytes, head_dim", [(2, 64), (4, 128), (4, 32)])
+def test_memory_efficient_scratch_is_not_made_where_it_is_not_modelled(element_bytes, head_dim):
+    # 16-bit types (the kernel computes delta; its accumulators depend on the kernel and the GPU)
+    # and other head sizes (another kernel's tiles): none made rather than a guess.
+    call = AttentionBackward(scratch.EFFICIENT, False, 8, 12, 12, 128, 128, head_dim, head_dim, element_bytes)
+    assert scratch.efficient_scratch_bytes(call) == []
+
+
 def test_cudnn_before_9_16_adds_its_padding_workaround_where_keys_are_not_a_multiple_of_128():
     call = _call(4, 12, 12, 500, 64)
     new, old = CudaBuild(91900, 13000), CudaBuild(91500, 12080)
@@ -143,15 +166,35 @@ def test_attention_dropout_cudnn_cannot_take_is_marked_so():
     assert not any(eligible for _, _, eligible, _, _ in table.trace.attention_backwards)
 
 
-def test_an_fp32_step_marks_memory_efficient_backwards_and_takes_no_scratch_for_them():
-    # Without grouped-query attention (which torch 2.13's memory-efficient kernel refuses in fp32).
-    shape, scenario, table = _probe({**LLAMA, "num_key_value_heads": LLAMA["num_attention_heads"]},
-                                    precision="fp32", attn="sdpa")
+@pytest.mark.parametrize("hidden_size, modelled", [(256, True), (128, False)])
+def test_an_fp32_step_marks_memory_efficient_backwards_and_replays_their_scratch_where_modelled(hidden_size,
+                                                                                               modelled):
+    # Without grouped-query attention (which torch 2.13's memory-efficient kernel refuses in fp32);
+    # four heads of 64 (modelled) or of 32 (not).
+    config = {**LLAMA, "hidden_size": hidden_size, "num_key_value_heads": LLAMA["num_attention_heads"]}
+    shape, scenario, table = _probe(config, precision="fp32", attn="sdpa")
     backends = {backend for _, backend, _, _, _ in table.trace.attention_backwards}
     assert backends == {scratch.EFFICIENT}
     assert not any(eligible for _, _, eligible, _, _ in table.trace.attention_backwards)  # cuDNN: 16-bit only
     prefix, step = training_events(shape, scenario, table, step_temporaries_bytes=0)
-    assert not any(isinstance(key, tuple) and key[0] == "attention-scratch" for key, _ in prefix + step)
+    events = prefix + step
+    made = [position for position, (key, _) in enumerate(events)
+            if isinstance(key, tuple) and key[0] == "attention-scratch"]
+    if not modelled:
+        assert made == []
+        return
+    b, s, h = scenario.batch_size, scenario.seq_len, LLAMA["num_attention_heads"]
+    product, total, delta = b * s * h * 64 * 4, b * s * h * 4, b * h * s * 4
+    workspace = b * h * (-(-s // 64)) * (64 * 64 + 4) * 4
+    assert len(made) % 8 == 0 and made
+    for start in made[::8]:
+        # Right after the backward's last output: delta's product, sum and delta, the two
+        # temporaries freed, then the workspace, and at return the workspace and delta.
+        owner = events[start][0][1]
+        assert events[start - 1] == (owner, events[start - 1][1]) and events[start - 1][1] != FREE
+        run = [(key[2], nbytes) for key, nbytes in events[start:start + 8]]
+        assert run == [(0, product), (1, total), (2, delta), (1, FREE), (0, FREE), (3, workspace), (3, FREE),
+                       (2, FREE)]
 
 
 @pytest.mark.parametrize("target, sizes", [
