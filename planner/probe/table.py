@@ -330,13 +330,14 @@ class _WalkPlan:
     passes: tuple[tuple[bool, tuple[tuple[int, tuple[int, ...]], ...], bool], ...]  # (backward, parts, first forward)
 
 
-_WALK_PLANS: dict[tuple[str, int], tuple[ProbeTable, _WalkPlan]] = {}
+_WALK_PLANS: dict[tuple[int, int], tuple[ProbeTable, _WalkPlan]] = {}
 _WALK_PLANS_KEPT = 256
 
 
 def _walk_plan(table: ProbeTable, accumulation_steps: int) -> _WalkPlan:
-    # Kept per table (its key and the object itself: a table read again is planned again).
-    key = (table.key, 1 if accumulation_steps == 1 else 2)
+    # Kept per table object (by its id, while the entry holds it: not by its key, which two
+    # models' tables of one technique class share) and pass structure.
+    key = (id(table), 1 if accumulation_steps == 1 else 2)
     kept = _WALK_PLANS.get(key)
     if kept is not None and kept[0] is table:
         return kept[1]

@@ -88,8 +88,9 @@ def _parts(table: ProbeTable, micro: int, backward: bool) -> list[tuple[int | No
 
 # The expansion's order and keys do not depend on batch or sequence, only its sizes do, so
 # one structure per (table, micro-batches) serves every size: (table, structure, the storages' sizes
-# as one compiled function of (b, s)) by key.
-_STRUCTURES: dict[tuple[str, int], tuple[ProbeTable, Expansion, PolyValues]] = {}
+# as one compiled function of (b, s)) by the table object's id (held by its entry, so not reused
+# while kept; two models' tables of one technique class share a key) and micro-batches.
+_STRUCTURES: dict[tuple[int, int], tuple[ProbeTable, Expansion, PolyValues]] = {}
 _STRUCTURES_KEPT = 64
 
 
@@ -97,13 +98,13 @@ def expand(table: ProbeTable, batch: int, seq: int, accumulation_steps: int) -> 
     """The micro-batches of one optimizer step of `accumulation_steps` micro-batches at (batch, seq)."""
     if accumulation_steps < 1:
         raise ValueError("accumulation_steps must be at least 1")
-    cached = _STRUCTURES.get((table.key, accumulation_steps))
+    cached = _STRUCTURES.get((id(table), accumulation_steps))
     if cached is None or cached[0] is not table:
         if len(_STRUCTURES) >= _STRUCTURES_KEPT:
             _STRUCTURES.clear()
         structure = _structure(table, accumulation_steps)  # raises TraceError without a trace
         cached = table, structure, compile_polys(table.trace.polys)
-        _STRUCTURES[(table.key, accumulation_steps)] = cached
+        _STRUCTURES[(id(table), accumulation_steps)] = cached
     _, structure, storage_sizes = cached
     sizes = storage_sizes(batch, seq)
     # An allocation's key is (storage, serial): its size is its storage's.
