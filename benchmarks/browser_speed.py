@@ -19,10 +19,10 @@ websocket in the page) received after the action; Streamlit's status widget gone
 Plotly chart holding its .main-svg and drawn traces; on the Plan page the verdict shown;
 the metric and alert text changed (sidebar changes) or the URL path changed (page
 switches); then no DOM mutation for QUIET_MS. The time taken is that of the last DOM
-mutation, so the quiet wait itself is not counted. Mutations
-inside a screen reader's announcement log (a hidden role=log aria-live region, where a
-select box's "4 options available" lines are dropped on timers up to 0.4 s after the page
-is drawn) are counted apart (`live_region_mutations`), not as the page moving.
+mutation, so the quiet wait itself is not counted. Mutations inside a screen reader's
+announcement log (a hidden role=log aria-live region, where a select box's "4 options
+available" lines are dropped on timers up to 0.4 s after the page is drawn) are counted
+apart (`live_region_mutations`), not as the page moving.
 
 Where the time goes (the `diagnosis` part of the JSON): per change, the websocket timing
 seen in the page (input -> BackMsg sent -> first ForwardMsg -> script_finished -> last
@@ -31,7 +31,7 @@ a sampled JS CPU profile by bundle file (Plotly's chunk apart), the first load's
 timing (JS bundles), the same change through a bare websocket client (load_test's
 protocol, no browser), and the server script under cProfile through AppTest.
 
-    .venv/bin/python benchmarks/browser_speed.py           # full run (about 4-5 min on 2 cores)
+    .venv/bin/python benchmarks/browser_speed.py           # full run (about 2 min on 2 cores)
     .venv/bin/python benchmarks/browser_speed.py --quick   # smoke run, writes under /tmp unless --out
 
 Needs /usr/bin/chromium (or $CHROMIUM) and the playwright package (requirements-dev.txt).
