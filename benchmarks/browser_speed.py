@@ -282,6 +282,10 @@ def loadavg() -> str:
 # --- the browser --------------------------------------------------------------------------
 
 
+def launch(playwright):
+    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+
+
 def new_context(browser):
     context = browser.new_context(viewport=VIEWPORT)
     context.add_init_script(PAGE_PROBE)
@@ -655,7 +659,7 @@ def streamlit_floor(later_n: int) -> dict:
         server = load_test.start_server(port, data_dir, script=script)
         try:
             with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+                browser = launch(playwright)
                 try:
                     first = open_plan(browser, url)
                     later = [open_plan(browser, url) for _ in range(later_n)]
@@ -720,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
         results["server_start_to_healthy_s"] = round(time.perf_counter() - t0, 2)
         try:
             with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+                browser = launch(playwright)
                 try:
                     first = open_plan(browser, url)
                     results["first_session"] = first

@@ -79,7 +79,7 @@ from planner.attention_scratch import UNKNOWN_GPU, AttentionBackward, KernelTarg
 from planner.cuda_allocator import FREE, K_SMALL_SIZE, ReplayResult, replay
 from planner.cuda_reduction import largest_column_reduction_requests, launch_events
 from planner.model_shape import ModelShape
-from planner.probe.table import ProbeTable, poly_value
+from planner.probe.table import PerTable, ProbeTable, poly_value
 from planner.probe.trace import Expansion, TraceError, expand
 from planner.scenario import CudaSegments, Device, Optimizer, Scenario
 
@@ -369,10 +369,10 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
     prefix = model_prefix(shape, scenario, allocator_blocks + in_prefix) + warm_up + one_step(None, 0)
     # Which form a step takes, and that its keys are sound, follows from the table and the
     # micro-batches alone (the prefix's own keys are distinct by construction): checked once.
-    form_key = (table.key, scenario.grad_accum_steps, kernels)
-    known = _STEP_FORMS.get(form_key)
-    if known is not None and known[0] is table:
-        return prefix, one_step(0, 0) if known[1] == 1 else one_step(0, 1) + one_step(1, 0)
+    form_key = (scenario.grad_accum_steps, kernels)
+    known = _STEP_FORMS.get(table, form_key)
+    if known is not None:
+        return prefix, one_step(0, 0) if known == 1 else one_step(0, 1) + one_step(1, 0)
     step = one_step(0, 0)
     steps = 1
     try:
@@ -381,13 +381,11 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
         step = one_step(0, 1) + one_step(1, 0)  # the new outputs are made before the old ones die
         steps = 2
         _check_keys(prefix, step)
-    if len(_STEP_FORMS) >= 64:
-        _STEP_FORMS.clear()
-    _STEP_FORMS[form_key] = (table, steps)
+    _STEP_FORMS.put(table, form_key, steps)
     return prefix, step
 
 
-_STEP_FORMS: dict[tuple, tuple[ProbeTable, int]] = {}  # (table key, K, kernels) -> (table, steps per step)
+_STEP_FORMS = PerTable(kept=64)  # (table, (K, kernels)) -> steps per step
 
 
 def reserved_peak(shape: ModelShape, scenario: Scenario, table: ProbeTable, *, expandable_segments: bool = False,

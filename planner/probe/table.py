@@ -24,12 +24,14 @@ allocator's replay (planner.cuda_allocator).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 CATEGORIES = ("gradients", "activations", "temporaries")
 Poly = tuple[tuple[int, int, int], ...]
 Bytes = tuple[int, int, int]  # by CATEGORIES
+T = TypeVar("T")
 
 
 # Sizes s is rounded up to (kind: multiple), in the order of j's digits after s's own (see the
@@ -267,12 +269,12 @@ class ProbeTable:
         instance by its `:first` variant), each part's candidates over the live bytes at its
         start, then its net change. With accumulation, the second micro-batch stands for every
         later one (planner.probe.solve)."""
-        plan = _walk_plan(self, accumulation_steps)
-        v = plan.values(batch, seq)
+        values, passes = _walk_plan(self, accumulation_steps)
+        v = values(batch, seq)
         live0, live1, live2 = v[0], v[1], v[2]
         highs: dict[bool, tuple[int, Bytes]] = {}
         forward_end = None
-        for backward, parts, is_first_forward in plan.passes:
+        for backward, parts, is_first_forward in passes:
             best = highs.get(backward, (-1, (0, 0, 0)))
             for delta, candidates in parts:
                 base = live0 + live1 + live2
@@ -319,28 +321,56 @@ class ProbeTable:
                    no_gradient=tuple(data.get("no_gradient", ())))
 
 
+class PerTable:
+    """Values kept per probe table object, for work that follows from a table alone (its walk's
+    compiled polynomials, its trace's expansion, its step's form), each under a further key.
+    Kept by the object's id, which its entry holds so that the id is not reused while kept;
+    not by the table's `key`, which two models' tables of one technique class share (keyed so,
+    alternating models recomputed). Emptied when `kept` entries are held."""
+
+    def __init__(self, kept: int):
+        self._kept = kept
+        self._entries: dict[tuple[int, Hashable], tuple[ProbeTable, object]] = {}
+
+    def get(self, table: ProbeTable, key: Hashable):
+        entry = self._entries.get((id(table), key))
+        return entry[1] if entry is not None and entry[0] is table else None
+
+    def put(self, table: ProbeTable, key: Hashable, value) -> None:
+        if len(self._entries) >= self._kept:
+            self._entries.clear()
+        self._entries[(id(table), key)] = (table, value)
+
+    def made(self, table: ProbeTable, key: Hashable, make: Callable[[], T]) -> T:
+        """The value kept for (table, key), made by `make()` and kept the first time."""
+        value = self.get(table, key)
+        if value is None:
+            value = make()
+            self.put(table, key, value)
+        return value
+
+    def values(self) -> list[tuple[ProbeTable, object]]:
+        return list(self._entries.values())
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
 @dataclass(frozen=True)
-class _WalkPlan:
-    """A table's walk laid out once per accumulation count: `values` gives every polynomial
-    the walk reads (initial bytes first, then each segment's delta and candidates, three by
-    CATEGORIES each), and each pass lists its parts as (offset of the delta, offsets of the
-    candidates) into those values."""
+class _WalkValues:
+    """Every polynomial a table's walk reads, as one compiled function (initial bytes first, then
+    each segment's delta and candidates, three by CATEGORIES each), and per segment name the
+    offsets of its delta and candidates in those values."""
 
     values: PolyValues
-    passes: tuple[tuple[bool, tuple[tuple[int, tuple[int, ...]], ...], bool], ...]  # (backward, parts, first forward)
+    offsets: dict[str, tuple[int, tuple[int, ...]]]
 
 
-_WALK_PLANS: dict[tuple[int, int], tuple[ProbeTable, _WalkPlan]] = {}
-_WALK_PLANS_KEPT = 256
+Passes = tuple[tuple[bool, tuple[tuple[int, tuple[int, ...]], ...], bool], ...]  # (backward, parts, first forward)
+_WALKS = PerTable(kept=512)
 
 
-def _walk_plan(table: ProbeTable, accumulation_steps: int) -> _WalkPlan:
-    # Kept per table object (by its id, while the entry holds it: not by its key, which two
-    # models' tables of one technique class share) and pass structure.
-    key = (id(table), 1 if accumulation_steps == 1 else 2)
-    kept = _WALK_PLANS.get(key)
-    if kept is not None and kept[0] is table:
-        return kept[1]
+def _walk_values(table: ProbeTable) -> _WalkValues:
     polys: list[Poly] = list(table.initial)
     offsets: dict[str, tuple[int, tuple[int, ...]]] = {}
     for name, segment in table.segments.items():
@@ -351,8 +381,14 @@ def _walk_plan(table: ProbeTable, accumulation_steps: int) -> _WalkPlan:
             candidates.append(len(polys))
             polys += candidate
         offsets[name] = (delta, tuple(candidates))
+    return _WalkValues(compile_polys(polys), offsets)
+
+
+def _walk_passes(table: ProbeTable, offsets: dict[str, tuple[int, tuple[int, ...]]], micro_batches: int) -> Passes:
+    """Each pass (micro-batch, direction) of the walk as (backward, its parts' offsets, whether it
+    is the first forward)."""
     passes = []
-    for micro in ((0,) if accumulation_steps == 1 else (0, 1)):
+    for micro in range(micro_batches):
         for backward in (False, True):
             direction = "bw" if backward else "fw"
             parts, seen = [], set()
@@ -364,8 +400,11 @@ def _walk_plan(table: ProbeTable, accumulation_steps: int) -> _WalkPlan:
                 if entry is not None:
                     parts.append(entry)
             passes.append((backward, tuple(parts), micro == 0 and not backward))
-    plan = _WalkPlan(compile_polys(polys), tuple(passes))
-    if len(_WALK_PLANS) >= _WALK_PLANS_KEPT:
-        _WALK_PLANS.clear()
-    _WALK_PLANS[key] = (table, plan)
-    return plan
+    return tuple(passes)
+
+
+def _walk_plan(table: ProbeTable, accumulation_steps: int) -> tuple[PolyValues, Passes]:
+    """The walk's compiled values (one per table) and its passes (one or two micro-batches)."""
+    layout = _WALKS.made(table, "values", lambda: _walk_values(table))
+    micro_batches = 1 if accumulation_steps == 1 else 2
+    return layout.values, _WALKS.made(table, micro_batches, lambda: _walk_passes(table, layout.offsets, micro_batches))

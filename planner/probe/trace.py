@@ -50,7 +50,7 @@ import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from planner.probe.table import PolyValues, ProbeTable, compile_polys
+from planner.probe.table import PerTable, ProbeTable, compile_polys
 
 FREE = -1  # planner.cuda_allocator.FREE: the nbytes of a free event
 
@@ -87,26 +87,18 @@ def _parts(table: ProbeTable, micro: int, backward: bool) -> list[tuple[int | No
 
 
 # The expansion's order and keys do not depend on batch or sequence, only its sizes do, so
-# one structure per (table, micro-batches) serves every size: (table, structure, the storages' sizes
-# as one compiled function of (b, s)) by the table object's id (held by its entry, so not reused
-# while kept; two models' tables of one technique class share a key) and micro-batches.
-_STRUCTURES: dict[tuple[int, int], tuple[ProbeTable, Expansion, PolyValues]] = {}
-_STRUCTURES_KEPT = 64
+# one structure per (table, micro-batches) serves every size, and one compiled function of
+# (b, s) per table gives its storages' sizes.
+_EXPANSIONS = PerTable(kept=128)
 
 
 def expand(table: ProbeTable, batch: int, seq: int, accumulation_steps: int) -> Expansion:
     """The micro-batches of one optimizer step of `accumulation_steps` micro-batches at (batch, seq)."""
     if accumulation_steps < 1:
         raise ValueError("accumulation_steps must be at least 1")
-    cached = _STRUCTURES.get((id(table), accumulation_steps))
-    if cached is None or cached[0] is not table:
-        if len(_STRUCTURES) >= _STRUCTURES_KEPT:
-            _STRUCTURES.clear()
-        structure = _structure(table, accumulation_steps)  # raises TraceError without a trace
-        cached = table, structure, compile_polys(table.trace.polys)
-        _STRUCTURES[(id(table), accumulation_steps)] = cached
-    _, structure, storage_sizes = cached
-    sizes = storage_sizes(batch, seq)
+    # The structure first: it raises TraceError for a table without a trace.
+    structure = _EXPANSIONS.made(table, accumulation_steps, lambda: _structure(table, accumulation_steps))
+    sizes = _EXPANSIONS.made(table, "sizes", lambda: compile_polys(table.trace.polys))(batch, seq)
     # An allocation's key is (storage, serial): its size is its storage's.
     events = [(key, FREE if nbytes == FREE else sizes[key[0]]) for key, nbytes in structure.events]
     return dataclasses.replace(structure, events=events)
