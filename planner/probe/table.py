@@ -76,8 +76,9 @@ def compile_polys(polys: Sequence[Poly]) -> PolyValues:
     Why: a scenario's estimate walks a few hundred polynomials of its table and a replay of the
     caching allocator sizes hundreds to thousands of allocations of its trace
     (planner.probe.trace); a sidebar change on the Plan page makes a few hundred of each. Term
-    by term (poly_value), DistilBERT's CUDA table took 125 us for its walk's 222 polynomials
-    and 465 us for its trace's 790 (2 cores); generated, 8 us and 15 us.
+    by term (poly_value), DistilBERT's CUDA table took 118 us for its walk's 222 polynomials
+    and 332 us for its trace's 790 (2 cores); generated, 8 us and 15 us
+    (benchmarks/estimate_speed.py).
     The source is written from the polynomials' integers alone (exponents, coefficients and
     ROUNDINGS' multiples), so a table read from a file cannot put anything else into it."""
     monomials: dict[tuple[int, int], int] = {}
