@@ -200,6 +200,7 @@ if out["cuda_available"]:
     free, total = torch.cuda.mem_get_info()
     out.update(gpu_name=torch.cuda.get_device_name(), compute_capability=list(torch.cuda.get_device_capability()),
                total_bytes=total, cudnn_version=torch.backends.cudnn.version(),
+               multiprocessors=torch.cuda.get_device_properties(0).multi_processor_count,
                context_bytes=total - free - torch.cuda.memory_reserved())
     a = torch.randn(512, 512, device="cuda")
     b = torch.randn(512, 512, device="cuda")
@@ -729,8 +730,8 @@ def export(out_dir: Path, history_path: Path, dest: Path) -> list[str]:
 
 
 def environment_record(probe: dict) -> dict:
-    keys = ("gpu_name", "compute_capability", "total_bytes", "driver_version", "torch", "cuda_version",
-            "cudnn_version", "transformers", "accelerate", "bitsandbytes", "python", "platform")
+    keys = ("gpu_name", "compute_capability", "multiprocessors", "total_bytes", "driver_version", "torch",
+            "cuda_version", "cudnn_version", "transformers", "accelerate", "bitsandbytes", "python", "platform")
     env = {key: probe.get(key) for key in keys}
     env["device"] = probe.get("gpu_name") or platform.processor() or platform.machine()
     return env

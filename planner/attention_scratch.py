@@ -192,18 +192,3 @@ def scratch_events(owner: Hashable, call: AttentionBackward, backend: str,
         return [product, total, delta, (total[0], FREE), (product[0], FREE), workspace,
                 (workspace[0], FREE), (delta[0], FREE)]
     return events + [(key, FREE) for key in reversed(keys)]
-
-
-@dataclass(frozen=True)
-class KernelTarget:
-    """The GPU (compute capability; None: not known) and torch build a replay's attention
-    scratch is for."""
-
-    compute_capability: tuple[int, int] | None = None
-    build: CudaBuild = DEFAULT_BUILD
-
-    def events(self, owner: Hashable, call: AttentionBackward) -> list[tuple[Hashable, int]]:
-        return scratch_events(owner, call, replay_backend(call, self.compute_capability, self.build), self.build)
-
-
-UNKNOWN_GPU = KernelTarget()

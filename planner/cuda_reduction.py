@@ -74,15 +74,6 @@ class SmGrid:
 # Resident threads per SM by compute capability (CUDA C++ Programming Guide, "Technical
 # Specifications per Compute Capability": maximum number of resident threads per SM).
 _THREADS_PER_SM = {(7, 0): 2048, (7, 5): 1024, (8, 0): 2048, (8, 6): 1536, (8, 9): 1536, (9, 0): 2048}
-# SMs per GPU: the datasheets' CUDA cores divided by the FP32 lanes per SM the Programming
-# Guide gives for its compute capability (64 on 7.x and 8.0, 128 on 8.6, 8.9 and 9.0); the
-# H200 read 132 multiprocessors through torch on the lent machine (library/device KINDS.md).
-_SM_COUNTS = {
-    "rtx4060": 3072 // 128, "rtx3060": 3584 // 128, "t4": 2560 // 64, "v100-16gb": 5120 // 64,
-    "rtx4060ti-16gb": 4352 // 128, "rtx4080": 9728 // 128, "l4": 7424 // 128, "a10": 9216 // 128,
-    "rtx4090": 16384 // 128, "rtx3090": 10496 // 128, "v100-32gb": 5120 // 64, "a100-40gb": 6912 // 64,
-    "l40s": 18176 // 128, "a6000": 10752 // 128, "a100-80gb": 6912 // 64, "h100": 16896 // 128, "h200": 132,
-}
 
 
 @functools.lru_cache(maxsize=1)
@@ -90,8 +81,8 @@ def sm_grids() -> dict[str, SmGrid]:
     """The grid of every CUDA GPU planner.gpus holds, by key."""
     from planner.gpus import GPUS
 
-    return {key: SmGrid(_SM_COUNTS[key], _THREADS_PER_SM[gpu.compute_capability])
-            for key, gpu in GPUS.items() if key in _SM_COUNTS}
+    return {key: SmGrid(gpu.multiprocessors, _THREADS_PER_SM[gpu.compute_capability])
+            for key, gpu in GPUS.items() if gpu.multiprocessors is not None}
 
 
 def _pow2_below(n: int, limit: int) -> int:

@@ -25,11 +25,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from planner.attention_scratch import DEFAULT_BUILD, CudaBuild, KernelTarget
+from planner.attention_scratch import DEFAULT_BUILD, CudaBuild
 from planner.cuda_allocator import ReplayResult
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, Phase, estimate
 from planner.gpus import GpuSpec
+from planner.kernel_target import KernelTarget
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
 from planner.reserved import replayed_step
@@ -66,7 +67,8 @@ def _verdict_and_replay(shape: ModelShape, result: Estimate | ParallelEstimate, 
     buckets = tuple(result.ddp_bucket_bytes if isinstance(result, ParallelEstimate) else ())
     workspaces = tuple(item.bytes for item in overheads.allocator_items)  # the cuBLAS workspaces, per thread
     usable = overheads.usable_capacity_bytes(capacity_bytes)
-    kernels = KernelTarget(gpu.compute_capability if gpu is not None else None, build)
+    kernels = KernelTarget(gpu.compute_capability, build, gpu.multiprocessors) if gpu is not None \
+        else KernelTarget(build=build)
     within = replayed_step(shape, single, buckets, capacity_bytes=max(usable, 0), cublas_workspaces=workspaces,
                            kernels=kernels)
     if isinstance(within, str):

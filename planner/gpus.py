@@ -116,6 +116,12 @@ class GpuSpec:
     capacity_source: str | None = None  # where capacity_bytes comes from (URL or document); None: not recorded
     capacity_from_datasheet: bool = False  # True: the datasheet's GB, not a driver's reported total
     runtime: Runtime = Runtime.CUDA
+    # Streaming multiprocessors, as cudaDeviceProp.multiProcessorCount reports them: the
+    # datasheets' CUDA cores divided by the FP32 lanes per SM the CUDA C++ Programming Guide gives
+    # for the compute capability (64 on 7.x and 8.0, 128 on 8.6, 8.9 and 9.0); the H200 read 132
+    # through torch on a lent machine. Kernels size their grids, and so some of their scratch, by
+    # it (planner.cuda_reduction, planner.embedding_scratch). None: not known.
+    multiprocessors: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("capacity_bytes", "bf16_flops", "fp32_flops", "hbm_bytes_per_s", "link_bytes_per_s"):
@@ -130,6 +136,9 @@ class GpuSpec:
             raise ValueError("GpuSpec.capacity_from_datasheet needs capacity_source naming the datasheet")
         if self.runtime is not Runtime.CUDA and cc is not None:
             raise ValueError("GpuSpec.compute_capability is CUDA's: a non-CUDA GPU has None")
+        sms = self.multiprocessors
+        if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int) or sms < 1):
+            raise ValueError(f"GpuSpec.multiprocessors must be a positive integer, got {sms!r}")
 
     @property
     def capacity_basis(self) -> str:
@@ -144,59 +153,59 @@ class GpuSpec:
 _PUBLIC_SMI = "public nvidia-smi output on GitHub"
 GPUS: dict[str, GpuSpec] = {g.key: g for g in (
     GpuSpec("rtx4060", "RTX 4060 8 GB", 8188 * MIB, 30.2 * TERA, 15.11 * TERA, 272 * GIGA, 16 * GIGA,
-            compute_capability=(8, 9),
+            compute_capability=(8, 9), multiprocessors=3072 // 128,
             capacity_source=f"{_PUBLIC_SMI}: NVIDIA GeForce RTX 4060, 115 W, driver 560.94, 8188MiB "
                             "(also seen on RTX 4060 Laptop GPUs)"),
     GpuSpec("rtx3060", "RTX 3060 12 GB", 12288 * MIB, 25.5 * TERA, 12.74 * TERA, 360 * GIGA, 32 * GIGA,
-            compute_capability=(8, 6),
+            compute_capability=(8, 6), multiprocessors=3584 // 128,
             capacity_source="https://github.com/geerlingguy/raspberry-pi-pcie-devices/issues/790 "
                             "(nvidia-smi, driver 580.95.05: 12288MiB)"),
     GpuSpec("t4", "T4 16 GB", 15360 * MIB, 65 * TERA, 8.1 * TERA, 320 * GIGA, 16 * GIGA, supports_bf16=False,
-            compute_capability=(7, 5)),
+            compute_capability=(7, 5), multiprocessors=2560 // 64),
     GpuSpec("v100-16gb", "V100 SXM2 16 GB", 16160 * MIB, 125 * TERA, 15.7 * TERA, 900 * GIGA, 150 * GIGA,
-            supports_bf16=False, compute_capability=(7, 0),
+            supports_bf16=False, compute_capability=(7, 0), multiprocessors=5120 // 64,
             capacity_source="https://github.com/4paradigm/k8s-vgpu-scheduler/issues/7 "
                             "(nvidia-smi, Tesla V100-SXM2, driver 440.64.00: 16160MiB)"),
     GpuSpec("rtx4060ti-16gb", "RTX 4060 Ti 16 GB", 16384 * MIB, 44.1 * TERA, 22.06 * TERA, 288 * GIGA, 16 * GIGA,
-            compute_capability=(8, 9), capacity_from_datasheet=True,
+            compute_capability=(8, 9), multiprocessors=4352 // 128, capacity_from_datasheet=True,
             capacity_source="NVIDIA GeForce RTX 4060 Ti spec page: 16 GB GDDR6 (datasheet figure; no driver "
                             "reading sourced)"),
     GpuSpec("rtx4080", "RTX 4080 16 GB", 16376 * MIB, 97.5 * TERA, 48.7 * TERA, 716.8 * GIGA, 32 * GIGA,
-            compute_capability=(8, 9),
+            compute_capability=(8, 9), multiprocessors=9728 // 128,  # the 4080's (the SUPER's 10,240 cores: 80)
             capacity_source=f"{_PUBLIC_SMI}: 'NVIDIA GeForce RTX 4080 ...' (name cut off: a 4080 or 4080 SUPER, "
                             "both 16 GB), 320 W, driver 571.96, 16376MiB; RTX A4000 16 GB cards read the same"),
     GpuSpec("l4", "L4 24 GB", 23034 * MIB, 121 * TERA, 30.3 * TERA, 300 * GIGA, 32 * GIGA,
-            compute_capability=(8, 9)),
+            compute_capability=(8, 9), multiprocessors=7424 // 128),
     GpuSpec("a10", "A10 24 GB", 23028 * MIB, 125 * TERA, 31.2 * TERA, 600 * GIGA, 32 * GIGA,
-            compute_capability=(8, 6)),
+            compute_capability=(8, 6), multiprocessors=9216 // 128),
     GpuSpec("rtx4090", "RTX 4090 24 GB", 24564 * MIB, 165.2 * TERA, 82.6 * TERA, 1008 * GIGA, 32 * GIGA,
-            compute_capability=(8, 9),
+            compute_capability=(8, 9), multiprocessors=16384 // 128,
             capacity_source="https://github.com/RLinf/RLinf/issues/255 (nvidia-smi, driver 550.163.01: 24564MiB)"),
     GpuSpec("rtx3090", "RTX 3090 24 GB", 24576 * MIB, 71 * TERA, 35.6 * TERA, 936 * GIGA, 32 * GIGA,
-            compute_capability=(8, 6),
+            compute_capability=(8, 6), multiprocessors=10496 // 128,
             capacity_source="https://github.com/noonghunna/club-3090/issues/390 (nvidia-smi, driver 580.142: "
                             "24576MiB)"),
     GpuSpec("v100-32gb", "V100 PCIe 32 GB", 32480 * MIB, 112 * TERA, 14 * TERA, 900 * GIGA, 16 * GIGA,
-            supports_bf16=False, compute_capability=(7, 0),
+            supports_bf16=False, compute_capability=(7, 0), multiprocessors=5120 // 64,
             capacity_source="NVIDIA's nvidia-smi walkthrough as reprinted at "
                             "https://blog.cachecha.com/csdn/kunhe0512/126265050.html (four Tesla V100-PCIE, "
                             "driver 410.48: 32480MiB)"),
     GpuSpec("a100-40gb", "A100 40 GB", 40960 * MIB, 312 * TERA, 19.5 * TERA, 1555 * GIGA, 300 * GIGA,
-            compute_capability=(8, 0)),
+            compute_capability=(8, 0), multiprocessors=6912 // 64),
     GpuSpec("l40s", "L40S 48 GB", 46068 * MIB, 362 * TERA, 91.6 * TERA, 864 * GIGA, 32 * GIGA,
-            compute_capability=(8, 9),
+            compute_capability=(8, 9), multiprocessors=18176 // 128,
             capacity_source="https://github.com/akash-network/provider-configs/pull/99 (nvidia-smi "
                             "--query-gpu=memory.total, driver 595.71.05: 46068 MiB)"),
     GpuSpec("a6000", "RTX A6000 48 GB", 49140 * MIB, 154.8 * TERA, 38.7 * TERA, 768 * GIGA, 32 * GIGA,
-            compute_capability=(8, 6),
+            compute_capability=(8, 6), multiprocessors=10752 // 128,
             capacity_source=f"{_PUBLIC_SMI}: NVIDIA RTX A6000, 300 W, driver 590.48.01, 49140MiB"),
     GpuSpec("a100-80gb", "A100 80 GB", 81920 * MIB, 312 * TERA, 19.5 * TERA, 2039 * GIGA, 300 * GIGA,
-            compute_capability=(8, 0)),
+            compute_capability=(8, 0), multiprocessors=6912 // 64),
     GpuSpec("h100", "H100 SXM 80 GB", 81559 * MIB, 989 * TERA, 67 * TERA, 3350 * GIGA, 450 * GIGA,
-            compute_capability=(9, 0),
+            compute_capability=(9, 0), multiprocessors=16896 // 128,
             capacity_source="https://github.com/vllm-project/vllm/issues/55169 (nvidia-smi memory.total 81559 MiB)"),
     GpuSpec("h200", "H200 SXM 141 GB", 143771 * MIB, 989 * TERA, 67 * TERA, 4800 * GIGA, 450 * GIGA,
-            compute_capability=(9, 0)),
+            compute_capability=(9, 0), multiprocessors=132),
     GpuSpec("mi300x", "MI300X 192 GB", 196592 * MIB, 1307.4 * TERA, 81.7 * TERA, 5300 * GIGA, 448 * GIGA,
             runtime=Runtime.ROCM,
             capacity_source="https://github.com/ROCm/ROCm/issues/4750 (rocm-smi, MI300X: VRAM Total Memory "

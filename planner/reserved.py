@@ -28,7 +28,9 @@ step still maps new memory (SETTLING_REPEATS):
   makes the largest), allocated after its output and freed before the next event; and from
   CUDA probe format 7 each fused attention backward's scratch (planner.attention_scratch, for
   the backend the plan's GPU and torch build take: `kernels`), after its last output and
-  freed before the next event. On an
+  freed before the next event; and from CUDA probe format 8 each embedding backward's own
+  requests (planner.embedding_scratch: the sort before its output, the segments and partial
+  sums after it, all freed before the next event). On an
   H200 (benchmarks/results/gpu_runs/2026-12-04-c/traces): GPT-2 with LoRA's autograd
   workspace took 32 MiB of a cached 413 MB block freed by the loss, so that block could no
   longer hold the next step's 411.7 MB logits gradient (a new segment: +380 MB reserved),
@@ -37,7 +39,8 @@ step still maps new memory (SETTLING_REPEATS):
 
 Keys: parameters ("param", i), buffers ("buffers", kind), torch's blocks ("allocator-block", i),
 cuBLAS workspaces ("cublas-workspace", i), a reduction's ("reduction-workspace", key) and
-("reduction-semaphores", key) for its output's key, state ("state", i, n) and
+("reduction-semaphores", key) for its output's key, a kernel's scratch ("attention-scratch",
+key, k) and ("embedding-scratch", key, name), state ("state", i, n) and
 ("state", "qmap1"/"qmap2"), the step's tensors planner.probe.trace's (storage, serial), the
 optimizer step's ("optimizer-step",) or ("optimizer-step", i). The outputs the lessons' loop carries from one step
 to the next are keyed ("carry", parity, j): the step's last outputs (of its live
@@ -75,9 +78,11 @@ from collections.abc import Hashable
 
 from planner import optimizer_state as counts
 from planner.adafactor_cuda import optimizer_order, step_events, step_peak_bytes
-from planner.attention_scratch import UNKNOWN_GPU, AttentionBackward, KernelTarget
+from planner.attention_scratch import AttentionBackward
 from planner.cuda_allocator import FREE, K_SMALL_SIZE, ReplayResult, replay
 from planner.cuda_reduction import largest_column_reduction_requests, launch_events
+from planner.embedding_scratch import EmbeddingBackward
+from planner.kernel_target import UNKNOWN_GPU, KernelTarget
 from planner.model_shape import ModelShape
 from planner.probe.table import PerTable, ProbeTable, poly_value
 from planner.probe.trace import Expansion, TraceError, expand
@@ -284,6 +289,12 @@ def _attention_calls(table: ProbeTable, batch: int, seq: int) -> dict[int, Atten
             for index, backend, eligible, dims, element in table.trace.attention_backwards}
 
 
+def _embedding_calls(table: ProbeTable, batch: int, seq: int) -> dict[int, EmbeddingBackward]:
+    """storage -> the embedding backward whose output it is, at (batch, seq)."""
+    return {index: EmbeddingBackward(*(poly_value(d, batch, seq) for d in dims), *kinds)
+            for index, dims, *kinds in table.trace.embedding_backwards}
+
+
 def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
                     step_temporaries_bytes: int | None = None,
                     allocator_blocks: tuple[int, ...] = (),
@@ -331,6 +342,7 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
                       if thread not in first_use)
     reductions = _reduction_requests(table, scenario.batch_size, scenario.seq_len)
     attention = _attention_calls(table, scenario.batch_size, scenario.seq_len)
+    embedding = _embedding_calls(table, scenario.batch_size, scenario.seq_len)
 
     def one_step(parity_in: int | None, parity_out: int) -> list[Event]:
         """A step whose carried-in outputs are keyed by `parity_in` (None: the first step, which
@@ -343,7 +355,13 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
             if parity_in is None and key in carried_in:
                 continue
             named = names.get(key, key)
+            call = embedding.get(key[0]) if nbytes != FREE else None
+            if call is not None:
+                before, after = kernels.embedding_events(named, call)
+                events += before
             events.append((named, nbytes))
+            if call is not None:
+                events += after
             if nbytes == FREE:
                 continue
             requests = reductions.get(key[0])
@@ -351,7 +369,7 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
                 events += launch_events(named, *requests)
             call = attention.get(key[0])
             if call is not None:
-                events += kernels.events(named, call)
+                events += kernels.attention_events(named, call)
             if parity_in is None and position in workspace_after:
                 events.append(workspace_after[position])
         if parity_in is None:

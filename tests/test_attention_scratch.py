@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from planner import attention_scratch as scratch
-from planner.attention_scratch import AttentionBackward, CudaBuild, KernelTarget
+from planner.attention_scratch import AttentionBackward, CudaBuild
 from planner.cuda_allocator import FREE
 from planner.errors import PlannerInputError
+from planner.kernel_target import KernelTarget
 from planner.loading import model_shape_for_config
 from planner.probe import cache
 from planner.probe.table import poly_value

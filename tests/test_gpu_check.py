@@ -7,6 +7,7 @@ on fake measurements."""
 import importlib.util
 import json
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -215,12 +216,15 @@ def test_the_probes_cuda_branch_runs_on_a_stand_in(monkeypatch, capsys):
     for name, value in {"is_available": lambda: True, "init": lambda: None, "synchronize": lambda: None,
                         "mem_get_info": lambda: (60 * 2**30, 80 * 2**30), "get_device_name": lambda: "Stand-in H100",
                         "get_device_capability": lambda: (9, 0), "memory_reserved": lambda: 2**30,
-                        "memory_allocated": lambda: allocated[0]}.items():
+                        "memory_allocated": lambda: allocated[0],
+                        "get_device_properties": lambda device: types.SimpleNamespace(multi_processor_count=132)
+                        }.items():
         monkeypatch.setattr(torch.cuda, name, value)
     monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91000)
     exec(gpu_check.PROBE_CODE.replace('device="cuda"', 'device="cpu"'), {})
     probe = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert probe["gpu_name"] == "Stand-in H100" and probe["compute_capability"] == [9, 0]
+    assert probe["multiprocessors"] == 132 and gpu_check.environment_record(probe)["multiprocessors"] == 132
     assert probe["context_bytes"] == 19 * 2**30 and probe["context_after_matmuls_bytes"] == 19 * 2**30
     assert {"workspace_main_thread_bytes", "workspace_lt_main_thread_bytes",
             "workspace_autograd_thread_bytes"} <= set(probe)

@@ -41,7 +41,9 @@ PROBE_FORMAT = 4
 # CUDA format 7: each fused attention backward marked for its kernels' scratch
 # (planner.attention_scratch), and column reductions of transposed tensors marked as CUDA's
 # reduction kernel sees them (planner.probe.recorder: Qwen3's per-head norms' weight gradients).
-CUDA_PROBE_FORMAT = 7
+# CUDA format 8: each embedding backward marked with its sizes for the scratch CUDA's sort-and-
+# segment kernel makes (planner.embedding_scratch).
+CUDA_PROBE_FORMAT = 8
 # The optimizer step's probe has its own: it runs no module forward, which format 4 changed.
 STEP_PROBE_FORMAT = 3
 _MEMORY: dict[tuple[str, str], ProbeTable | str] = {}  # a str is why the probe cannot run

@@ -17,7 +17,8 @@ dimensions of a contiguous tensor (a bias's gradient: `sum_to` over the tokens),
 and columns (its launch takes a workspace for as long as it runs when it splits the rows
 across blocks: planner.cuda_reduction, whose size is not a polynomial in b and s), and, on
 the last output of a fused attention backward, its dimensions, backend and whether cuDNN
-would take it (its kernels' scratch: planner.attention_scratch).
+would take it (its kernels' scratch: planner.attention_scratch), and on an embedding
+backward's output its sizes (planner.embedding_scratch).
 
 Known limitations: a storage larger than the tensor that created it (an op returning a
 view of a fresh buffer) or a resized storage has no shape-derived size; the recording is
@@ -38,6 +39,7 @@ from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.mem_tracker import _UpdateType
 
 from planner.attention_scratch import AttentionBackward
+from planner.embedding_scratch import EmbeddingBackward
 from planner.probe.accumulation import InputBufferSums
 from planner.probe.fake_cuda import attention_backward_call
 from planner.probe.memtracker import TrainableMemTracker
@@ -80,6 +82,17 @@ def column_reduction_shape(func, args, kwargs) -> tuple[int, int, int] | None:
     return rows, tensor.numel() // max(rows, 1), accumulator
 
 
+def embedding_backward_call(func, args, kwargs) -> EmbeddingBackward | None:
+    """The sizes of an `embedding_dense_backward` (planner.embedding_scratch), else None."""
+    if func is not _aten.embedding_dense_backward.default:
+        return None
+    named = dict(zip((a.name for a in func._schema.arguments), args)) | dict(kwargs or {})
+    grad, indices = named["grad_output"], named["indices"]
+    return EmbeddingBackward(indices.numel(), int(named["num_weights"]), grad.size(-1), grad.element_size(),
+                             indices.element_size(), indices.is_contiguous(), grad.is_contiguous(),
+                             bool(named["scale_grad_by_freq"]))
+
+
 # MemTracker's reference types, in the planner's category vocabulary (runners.probes too).
 CATEGORY = {"Parameter": "weights", "Buffer": "weights", "Gradient": "gradients", "Optstate": "optimizer_state",
             "Activation": "activations", "Temp": "temporaries", "Other": "temporaries"}
@@ -118,6 +131,8 @@ class Recording:
     column_reductions: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     # storage -> the fused attention backward whose last output it is (planner.attention_scratch)
     attention_backwards: dict[int, AttentionBackward] = field(default_factory=dict)
+    # storage -> the embedding backward whose output it is (planner.embedding_scratch)
+    embedding_backwards: dict[int, EmbeddingBackward] = field(default_factory=dict)
 
 
 class Recorder(TrainableMemTracker):
@@ -152,13 +167,16 @@ class Recorder(TrainableMemTracker):
         packet = getattr(func, "overloadpacket", None)
         reduction = column_reduction_shape(func, args, kwargs)
         attention = attention_backward_call(func, args, kwargs)
+        embedding = embedding_backward_call(func, args, kwargs)
         self._making = (("cublas",) if packet in CUBLAS_OPS else ("reduction", reduction) if reduction
-                        else ("attention", []) if attention else None)
+                        else ("attention", []) if attention else ("embedding", []) if embedding else None)
         try:
             return super()._dispatch_on_cuda(func, types, args, kwargs)
         finally:
             if attention is not None and self._making[1]:
                 self.recording.attention_backwards[max(self._making[1])] = attention
+            if embedding is not None and self._making[1]:  # its one output, the weight's gradient
+                self.recording.embedding_backwards[max(self._making[1])] = embedding
             self._making = None
 
     def _update_and_maybe_create_winfos(self, t, reftype, update_existing=False):
@@ -231,7 +249,7 @@ class Recorder(TrainableMemTracker):
             if self._making is not None:
                 if self._making[0] == "cublas":
                     self.recording.cublas.append(index)
-                elif self._making[0] == "attention":
+                elif self._making[0] in ("attention", "embedding"):
                     self._making[1].append(index)
                 else:
                     self.recording.column_reductions[index] = self._making[1]

@@ -184,7 +184,8 @@ def _check_aligned(recordings: list[Recording]) -> None:
         if recording.unsized:
             raise ProbeUnsupported(recording.unsized[0])
     if any(r.cublas != first.cublas or r.column_reductions.keys() != first.column_reductions.keys()
-           or r.attention_backwards.keys() != first.attention_backwards.keys() for r in recordings[1:]):
+           or r.attention_backwards.keys() != first.attention_backwards.keys()
+           or r.embedding_backwards.keys() != first.embedding_backwards.keys() for r in recordings[1:]):
         raise ProbeUnsupported("the model runs different CUDA kernels at different batch or sequence sizes")
 
 
@@ -222,6 +223,25 @@ def _attention_backwards(recordings: list[Recording]) -> tuple[tuple[int, str, b
     return tuple(out)
 
 
+EMBEDDING_SIZES = ("num_indices", "num_weights", "dim")
+EMBEDDING_KINDS = ("grad_bytes", "index_bytes", "indices_contiguous", "grad_contiguous", "scale_grad_by_freq")
+
+
+def _embedding_backwards(recordings: list[Recording]) -> tuple[tuple, ...]:
+    """Each embedding backward (planner.embedding_scratch) on its output's storage: its sizes
+    (EMBEDDING_SIZES) as dimension formulas in b and s, then EMBEDDING_KINDS."""
+    sizes = tuple((r.batch_size, r.seq_len) for r in recordings)
+    out = []
+    for index in sorted(recordings[0].embedding_backwards):
+        calls = [r.embedding_backwards[index] for r in recordings]
+        if len({tuple(getattr(c, name) for name in EMBEDDING_KINDS) for c in calls}) != 1:
+            raise ProbeUnsupported("an embedding backward runs differently at different batch or sequence sizes")
+        dims = tuple(_frozen(_dimension_formula(tuple(getattr(c, name) for c in calls), sizes))
+                     for name in EMBEDDING_SIZES)
+        out.append((index, dims, *(getattr(calls[0], name) for name in EMBEDDING_KINDS)))
+    return tuple(out)
+
+
 def _made(groups: dict, live_at_start) -> tuple[dict, dict]:
     """storage -> (group, maker block, ordinal) for what the step makes, and storage ->
     (group, part) of its last removal."""
@@ -242,7 +262,7 @@ def _made(groups: dict, live_at_start) -> tuple[dict, dict]:
 
 
 def _trace(recording: Recording, polys: list[dict], variants: dict[str, list], made: dict,
-           reductions: tuple = (), attention: tuple = ()) -> ProbeTrace:
+           reductions: tuple = (), attention: tuple = (), embedding: tuple = ()) -> ProbeTrace:
     """The allocation order for the allocator's replay (planner.probe.table.ProbeTrace): of
     each storage only its allocation (first +1, unless alive at the start) and its free (last
     -1, when it does not outlive the recording); a category change (-1 then +1) moves no byte."""
@@ -270,7 +290,8 @@ def _trace(recording: Recording, polys: list[dict], variants: dict[str, list], m
         makers=tuple(makers), ordinals=tuple(ordinals),
         events={name: tuple((event.index, event.sign, weight) for event, weight in entries if id(event) in real)
                 for name, entries in variants.items()},
-        cublas=tuple(sorted(set(recording.cublas))), column_reductions=reductions, attention_backwards=attention)
+        cublas=tuple(sorted(set(recording.cublas))), column_reductions=reductions, attention_backwards=attention,
+        embedding_backwards=embedding)
 
 
 def _segment_events(groups: dict, layout: Layout, live_at_start) -> dict[str, list]:
@@ -379,7 +400,7 @@ def solve(recordings: list[Recording], layout: Layout, key: str, on_real_tensors
     for name, variant in variants.items():
         segments[name] = _segment(variant, polys)
     trace = _trace(recordings[0], polys, variants, _made(groups, recordings[0].live_at_start)[0],
-                   _column_reductions(recordings), _attention_backwards(recordings))
+                   _column_reductions(recordings), _attention_backwards(recordings), _embedding_backwards(recordings))
     return ProbeTable(key=key, num_layers=layout.num_layers, stands_for=layout.stands_for,
                       initial=tuple(_frozen(p) for p in initial), segments=segments, order=order,
                       on_real_tensors=on_real_tensors, trace=trace,

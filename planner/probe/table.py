@@ -143,6 +143,10 @@ class ProbeTrace:
     # take it, its dimensions (planner.probe.solve.ATTENTION_DIMS, each a polynomial in b and s)
     # and Q's element bytes (planner.attention_scratch).
     attention_backwards: tuple[tuple[int, str, bool, tuple[Poly, ...], int], ...] = ()
+    # Per embedding backward, on its output's storage: its indices, rows and width (polynomials
+    # in b and s), the gradient's and the indices' element bytes, whether the indices and the
+    # gradient are contiguous, scale_grad_by_freq (planner.embedding_scratch).
+    embedding_backwards: tuple[tuple[int, tuple[Poly, Poly, Poly], int, int, bool, bool, bool], ...] = ()
 
     def to_json(self) -> dict:
         # Compact: distinct polynomials once; an event is one int (i: allocate, ~i: free),
@@ -176,6 +180,9 @@ class ProbeTrace:
         if self.attention_backwards:
             data["attention_backwards"] = [[index, backend, eligible, [[list(t) for t in d] for d in dims], element]
                                            for index, backend, eligible, dims, element in self.attention_backwards]
+        if self.embedding_backwards:
+            data["embedding_backwards"] = [[index, [[list(t) for t in d] for d in dims], *kinds]
+                                           for index, dims, *kinds in self.embedding_backwards]
         return data
 
     @classmethod
@@ -197,10 +204,15 @@ class ProbeTrace:
         attention = tuple((int(index), str(backend), bool(eligible),
                            tuple(tuple(tuple(int(v) for v in t) for t in d) for d in dims), int(element))
                           for index, backend, eligible, dims, element in data.get("attention_backwards", ()))
+        embedding = tuple((int(index), tuple(tuple(tuple(int(v) for v in t) for t in d) for d in dims),
+                           int(grad_bytes), int(index_bytes), bool(indices_contiguous), bool(grad_contiguous),
+                           bool(scale))
+                          for index, dims, grad_bytes, index_bytes, indices_contiguous, grad_contiguous, scale
+                          in data.get("embedding_backwards", ()))
         return cls(polys=polys, initial=tuple(int(i) for i in data["initial"]),
                    gradients=tuple(int(i) for i in data["gradients"]), makers=makers, ordinals=ordinals,
                    events=events, cublas=tuple(int(i) for i in data.get("cublas", ())), column_reductions=reductions,
-                   attention_backwards=attention)
+                   attention_backwards=attention, embedding_backwards=embedding)
 
 
 def _makers(events: dict, count: int, unmade: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
