@@ -106,7 +106,12 @@ One device, one stream: no record_stream / cross-stream events, no CUDA graph or
 collector only with a memory fraction set; its default is off), no free-memory
 callbacks. The address cudaMalloc returns is modelled as a bump pointer
 (new segments sit above all earlier ones; freed address ranges are not reused), which
-only decides ties between equal-size free blocks. An expandable segment's address space
+only decides ties between equal-size free blocks. The driver's addresses do not follow it:
+on the H200's records it put some new segments below earlier ones, and those ties moved
+two runs' reserved peaks (BERT-base 6 MiB, SmolLM2-360M 30 MiB below the run's). Given the
+records' own addresses (`CachingAllocator(segment_address=...)`) the model opens every
+segment of every record without expandable segments as the run did and reserves what it
+reserved (tests/test_gpu_traces.py). An expandable segment's address space
 is unbounded here (torch reserves 1 1/8 of the device's memory and opens a second
 segment when it runs out). cudaMalloc is assumed to succeed exactly when the reserved
 total plus the request fits `capacity_bytes`; the driver's own granularity, the CUDA
@@ -119,7 +124,7 @@ check (every event's memory_allocated / memory_reserved against real torch).
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -301,7 +306,7 @@ class CachingAllocator:
 
     def __init__(self, settings: AllocatorSettings | None = None, *,
                  capacity_bytes: int | None = None, allowed_memory_bytes: int | None = None,
-                 headroom: bool = False):
+                 headroom: bool = False, segment_address: Callable[[int], int] | None = None):
         if capacity_bytes is not None and capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
         if headroom and capacity_bytes is None:
@@ -325,6 +330,9 @@ class CachingAllocator:
         self._empty: set[Hashable] = set()  # keys allocated with 0 bytes: no block
         self.retry_releases = 0  # times malloc released the whole cache to retry (near the capacity)
         self._next_addr = 1 << 40  # bump pointer standing in for cudaMalloc's addresses
+        # Where cudaMalloc puts a new segment of n bytes, when the caller knows (a record's own
+        # addresses: tests/test_gpu_traces.py); None: the bump pointer (Known limitations).
+        self._segment_address = segment_address
         self._allocated = 0
         self._reserved = 0
         self._peak_allocated = 0
@@ -580,8 +588,11 @@ class CachingAllocator:
         capacity = self.capacity_bytes
         if capacity is not None and self._reserved + alloc_size > capacity:
             return None  # cudaMalloc: cudaErrorMemoryAllocation
-        seg = _Segment(self._next_addr, False, alloc_size)
-        self._next_addr += alloc_size
+        if self._segment_address is None:
+            seg = _Segment(self._next_addr, False, alloc_size)
+            self._next_addr += alloc_size
+        else:
+            seg = _Segment(self._segment_address(alloc_size), False, alloc_size)
         self._cuda_segments += 1
         self._add_reserved(pool, alloc_size)
         return _Block(alloc_size, seg.base, seg, pool)

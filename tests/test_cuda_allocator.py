@@ -154,6 +154,28 @@ def test_allocation_order_changes_reserved_memory():
     assert reused.peak_reserved_bytes == 20 * MiB
 
 
+def test_segment_addresses_decide_ties_between_equal_blocks_and_so_reserved_memory():
+    """get_free_block's lower_bound on (size, address): of two free 12 MiB blocks in two 20 MiB
+    segments, a 12 MiB request takes the one at the lower address. Where the segments rise in
+    address (the model's own bump pointer) it is the first segment's, whose 8 MiB tensor, once
+    freed, leaves an 8 MiB hole that a 16 MiB request does not fit: a third segment. Where the
+    driver put the second segment below the first (as the H200's records show it does), the
+    request takes the second's, the first segment empties and merges (try_merge_blocks) into a
+    20 MiB block that serves the 16 MiB request."""
+    trace = [("a", 8 * MiB), ("b", 12 * MiB), ("c", 8 * MiB), ("b", FREE), ("d", 12 * MiB), ("a", FREE),
+             ("e", 16 * MiB)]
+    rising = CachingAllocator(AllocatorSettings())
+    rising.replay(trace)
+    falling_addresses = iter([1 << 44, 1 << 40])
+    falling = CachingAllocator(AllocatorSettings(), segment_address=lambda nbytes: next(falling_addresses))
+    falling.replay(trace)
+    for allocator in (rising, falling):
+        allocator.check_invariants()
+    assert rising.peak_reserved_bytes == 20 * MiB + 20 * MiB + 16 * MiB and rising.segments == 3
+    assert falling.peak_reserved_bytes == 20 * MiB + 20 * MiB and falling.segments == 2
+    assert rising.peak_allocated_bytes == falling.peak_allocated_bytes == 8 * MiB + 12 * MiB + 16 * MiB  # c, d, e
+
+
 def test_best_fit_takes_the_smallest_sufficient_block():
     """get_free_block: lower_bound on (size, address) picks the smallest free block at
     least as large as the request: an 11 MiB request takes the cached 12 MiB block (not
