@@ -633,12 +633,21 @@ def _mib(value) -> str:
     return "n/a" if value is None else f"{value / MIB:,.1f} MiB"
 
 
+def _sm_counts(env: dict, gpu_key: str | None) -> str:
+    """The SMs torch read (multi_processor_count) beside the planner's preset figure, which the
+    replay's kernel scratch is sized by (planner.gpus, planner.embedding_scratch)."""
+    from planner.gpus import GPUS
+
+    preset = GPUS[gpu_key].multiprocessors if gpu_key in GPUS else None
+    return f"SMs {env.get('multiprocessors') or 'n/a'} (the planner's preset: {preset or 'n/a'})"
+
+
 def render_markdown(report: dict) -> str:
     env, probe = report["environment"], report["probe"]
     lines = ["# GPU check (benchmarks/gpu_check.sh)", "",
              (f"Mode: {report['mode']}; device: {env.get('gpu_name') or env.get('device')}; driver "
               f"{env.get('driver_version') or 'n/a'}; torch {env.get('torch')}; CUDA {env.get('cuda_version') or 'n/a'}; "
-              f"cuDNN {env.get('cudnn_version') or 'n/a'}; planner GPU `{report['gpu']}`; "
+              f"cuDNN {env.get('cudnn_version') or 'n/a'}; {_sm_counts(env, report['gpu'])}; planner GPU `{report['gpu']}`; "
               f"{report['elapsed_s']:.0f} s in all; command: `{report['command']}`."), "",
              ("Allocated: `max_memory_allocated` over the steady-state step (the last of each run's "
               f"{', '.join(sorted({str(r.get('steps')) for r in report['scenarios']}))} steps); reserved: "
