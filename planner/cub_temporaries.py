@@ -44,6 +44,7 @@ RADIX_PASSES = -(-KEY_BITS // RADIX_BITS)
 TILE_STATUS_PADDING = 32  # ScanTileState's descriptors beyond one per tile
 TILE_DESCRIPTOR_BYTES = 16  # a 64-bit offset's status and value (ulonglong2)
 SCAN_TILE = 128 * 7  # DeviceScan's default policy: 128 threads x 15 items, MemBoundScaling for 8 B
+CCCL3_FROM_CUDA = 13000  # CUDA 13.0 ships CCCL 3.0: the tile state's nested alignment
 
 
 def _aligned(nbytes: int) -> int:
@@ -62,9 +63,10 @@ def _unique_tile(compute_capability: tuple[int, int] | None) -> int:
 def radix_sort_pairs_bytes(items: int, item_bytes: int, compute_capability: tuple[int, int] | None) -> int:
     """Temporary storage of a onesweep radix sort of `items` 64-bit keys with values of
     `item_bytes` (module doc)."""
-    portion_items = ((1 << 28) - 1) // _onesweep_tile(compute_capability) * _onesweep_tile(compute_capability)
+    tile = _onesweep_tile(compute_capability)
+    portion_items = ((1 << 28) - 1) // tile * tile  # PORTION_SIZE: whole tiles below 2^28
     portions = -(-items // portion_items)
-    tiles = -(-min(items, portion_items) // _onesweep_tile(compute_capability))
+    tiles = -(-min(items, portion_items) // tile)
     bins = portions * RADIX_PASSES * RADIX_DIGITS * 8
     lookback = tiles * RADIX_DIGITS * 4
     counters = portions * RADIX_PASSES * 4
@@ -72,18 +74,19 @@ def radix_sort_pairs_bytes(items: int, item_bytes: int, compute_capability: tupl
             + ALIGN - 1)
 
 
-def _tile_state_bytes(tiles: int, nested_alignment: bool) -> int:
+def _tile_state_bytes(tiles: int, cuda_version: int) -> int:
     state = _aligned(TILE_DESCRIPTOR_BYTES * (TILE_STATUS_PADDING + tiles))
-    if nested_alignment:  # the tile state's own AliasTemporaries (CCCL 3.0 on), then an empty part
+    if cuda_version >= CCCL3_FROM_CUDA:  # the tile state's own AliasTemporaries, then an empty part
         return _aligned(state + ALIGN - 1) + ALIGN - 1
     return state + ALIGN - 1
 
 
-def unique_by_key_bytes(items: int, compute_capability: tuple[int, int] | None, cccl3: bool) -> int:
-    """Temporary storage of a unique-by-key over `items` keys (module doc)."""
-    return _tile_state_bytes(-(-items // _unique_tile(compute_capability)), cccl3)
+def unique_by_key_bytes(items: int, compute_capability: tuple[int, int] | None, cuda_version: int) -> int:
+    """Temporary storage of a unique-by-key over `items` keys, in a build for `cuda_version`
+    (13000 for 13.0; module doc)."""
+    return _tile_state_bytes(-(-items // _unique_tile(compute_capability)), cuda_version)
 
 
-def exclusive_sum_bytes(items: int, cccl3: bool) -> int:
+def exclusive_sum_bytes(items: int, cuda_version: int) -> int:
     """Temporary storage of torch's int64 exclusive sum over `items` (module doc)."""
-    return _tile_state_bytes(-(-items // SCAN_TILE), cccl3)
+    return _tile_state_bytes(-(-items // SCAN_TILE), cuda_version)

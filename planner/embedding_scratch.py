@@ -67,6 +67,16 @@ class EmbeddingBackward:
     grad_contiguous: bool
     scale_grad_by_freq: bool
 
+    @property
+    def segments(self) -> int:
+        """`max_segments`: distinct indices there can be, min(n, rows)."""
+        return min(self.num_indices, self.num_weights)
+
+    @property
+    def partials(self) -> int:
+        """`max_partial_segment`: partial segments of NROWS_PER_THREAD there can be."""
+        return self.num_indices // NROWS_PER_THREAD + self.segments
+
 
 FEATURE_PATH_MAX_INDICES = 3072  # embedding_dense_backward_cuda: at most this many, one kernel over features
 NROWS_PER_THREAD = 10  # EmbeddingBackwardKernel.cu: rows a partial segment sums
@@ -81,15 +91,13 @@ def uses_fused_pass(call: EmbeddingBackward, multiprocessors: int | None) -> boo
     path, whose scratch is the larger where the fused one could run (p > 4 m)."""
     if multiprocessors is None:
         return False
-    segments = min(call.num_indices, call.num_weights)
-    partials = call.num_indices // NROWS_PER_THREAD + segments
     width = -(-call.dim // WARP_SIZE) * WARP_SIZE
-    scatter_blocks = -(-segments * width // min(width, MAX_BLOCK_SIZE))
-    return scatter_blocks < multiprocessors * MAX_ATOMIC_ACCUM_BLOCKS_PER_SM and partials > scatter_blocks * 4
+    scatter_blocks = -(-call.segments * width // min(width, MAX_BLOCK_SIZE))
+    return scatter_blocks < multiprocessors * MAX_ATOMIC_ACCUM_BLOCKS_PER_SM and call.partials > scatter_blocks * 4
 
 
 def scratch_events(owner: Hashable, call: EmbeddingBackward, compute_capability: tuple[int, int] | None,
-                   multiprocessors: int | None, cccl3: bool) -> tuple[list[Event], list[Event]]:
+                   multiprocessors: int | None, cuda_version: int) -> tuple[list[Event], list[Event]]:
     """(before, after): the requests the backward makes before its output (`owner`, the output's
     key) and after it, each freed by the end of `after` (module doc for the order)."""
     n, ib = call.num_indices, call.index_bytes
@@ -110,13 +118,13 @@ def scratch_events(owner: Hashable, call: EmbeddingBackward, compute_capability:
     if call.scale_grad_by_freq:
         before.append((key("count"), n * ib))
         held.append(key("count"))
-    segments = min(n, call.num_weights)
-    partials = n // NROWS_PER_THREAD + segments
+    segments, partials = call.segments, call.partials
     after = [(key("segment_offsets"), n * ib), (key("segments"), COUNT_BYTES),
-             (key("unique-keys"), n * ib), (key("unique-temp"), cub.unique_by_key_bytes(n, compute_capability, cccl3)),
+             (key("unique-keys"), n * ib),
+             (key("unique-temp"), cub.unique_by_key_bytes(n, compute_capability, cuda_version)),
              (key("unique-temp"), FREE), (key("unique-keys"), FREE),
              (key("partials_per_segment"), segments * ib), (key("partials_per_segment_offset"), segments * ib),
-             (key("scan-temp"), cub.exclusive_sum_bytes(segments, cccl3)), (key("scan-temp"), FREE),
+             (key("scan-temp"), cub.exclusive_sum_bytes(segments, cuda_version)), (key("scan-temp"), FREE),
              (key("partials"), COUNT_BYTES), (key("partial_segment_offset"), partials * ib)]
     if uses_fused_pass(call, multiprocessors):
         after.append((key("partial_to_segment_idx"), partials * ib))

@@ -12,7 +12,6 @@ from planner.attention_scratch import DEFAULT_BUILD, AttentionBackward, CudaBuil
 from planner.embedding_scratch import EmbeddingBackward
 
 Event = tuple[Hashable, int]
-CCCL3_CUDA = 13000  # CUDA 13.0 ships CCCL 3.0 (planner.cub_temporaries)
 
 
 @dataclass(frozen=True)
@@ -31,7 +30,7 @@ class KernelTarget:
     def embedding_events(self, owner: Hashable, call: EmbeddingBackward) -> tuple[list[Event], list[Event]]:
         """An embedding backward's requests before and after its output (`owner`)."""
         return embedding_scratch.scratch_events(owner, call, self.compute_capability, self.multiprocessors,
-                                                self.build.cuda_version >= CCCL3_CUDA)
+                                                self.build.cuda_version)
 
 
 UNKNOWN_GPU = KernelTarget()

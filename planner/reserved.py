@@ -355,12 +355,12 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
             if parity_in is None and key in carried_in:
                 continue
             named = names.get(key, key)
-            call = embedding.get(key[0]) if nbytes != FREE else None
-            if call is not None:
-                before, after = kernels.embedding_events(named, call)
+            embedding_call = embedding.get(key[0]) if nbytes != FREE else None
+            if embedding_call is not None:  # its sort before its output, its segments after
+                before, after = kernels.embedding_events(named, embedding_call)
                 events += before
             events.append((named, nbytes))
-            if call is not None:
+            if embedding_call is not None:
                 events += after
             if nbytes == FREE:
                 continue

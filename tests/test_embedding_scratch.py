@@ -26,7 +26,7 @@ from planner.scenario import scenario_from_values
 
 TRACES = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu_runs"
 H200 = GPUS["h200"]
-RECORD_BUILD_IS_CCCL3 = True  # torch 2.11.0+cu130: CUDA 13.0's CCCL 3.0
+RECORD_CUDA = 13000  # torch 2.11.0+cu130: CUDA 13.0, whose CCCL is 3.0
 
 
 def _recorded(scenario_id: str) -> list[tuple[str, int]]:
@@ -38,7 +38,7 @@ def _recorded(scenario_id: str) -> list[tuple[str, int]]:
 
 def _planned(call: EmbeddingBackward, output_bytes: int) -> list[tuple[str, int]]:
     before, after = scratch_events("output", call, H200.compute_capability, H200.multiprocessors,
-                                   RECORD_BUILD_IS_CCCL3)
+                                   RECORD_CUDA)
     sizes, out = {}, []
     for key, nbytes in before + [("output", output_bytes)] + after:
         if nbytes == FREE:
@@ -82,22 +82,22 @@ def test_cub_temporaries_are_the_h200s():
     1,279 B each, as the records hold them; one 256-digit lookback more per onesweep tile."""
     sm90 = (9, 0)
     assert [cub.radix_sort_pairs_bytes(n, 8, sm90) for n in (4096, 8192)] == [83455, 150015]
-    assert [cub.unique_by_key_bytes(n, sm90, True) for n in (4096, 8192)] == [1279, 1279]
-    assert [cub.exclusive_sum_bytes(m, True) for m in (2, 4096, 8192)] == [1279] * 3
+    assert [cub.unique_by_key_bytes(n, sm90, RECORD_CUDA) for n in (4096, 8192)] == [1279, 1279]
+    assert [cub.exclusive_sum_bytes(m, RECORD_CUDA) for m in (2, 4096, 8192)] == [1279] * 3
     tile = 384 * 12
     assert cub.radix_sort_pairs_bytes(2 * tile + 1, 8, sm90) - cub.radix_sort_pairs_bytes(2 * tile, 8, sm90) \
         == 2 * 256 + 256 * 4  # one item more: each alternate buffer grows a 256 B block, one more tile
-    assert cub.exclusive_sum_bytes(2, False) == 1023  # CUB 2.x: no nested alignment
+    assert cub.exclusive_sum_bytes(2, 12080) == 1023  # CUDA 12.8's CUB 2.x: no nested alignment
 
 
 def test_up_to_3072_indices_only_copies_are_made():
     small = EmbeddingBackward(3072, 50000, 512, 2, 8, True, True, False)
-    assert scratch_events("o", small, (9, 0), 132, True) == ([], [])
+    assert scratch_events("o", small, (9, 0), 132, RECORD_CUDA) == ([], [])
     strided = dataclasses.replace(small, indices_contiguous=False, grad_contiguous=False)
-    before, after = scratch_events("o", strided, (9, 0), 132, True)
+    before, after = scratch_events("o", strided, (9, 0), 132, RECORD_CUDA)
     assert [n for _, n in before] == [3072 * 8, 3072 * 512 * 2] and all(n == FREE for _, n in after)
     assert [k for k, _ in after] == [k for k, _ in reversed(before)]
-    assert scratch_events("o", dataclasses.replace(small, num_indices=3073), (9, 0), 132, True)[1]
+    assert scratch_events("o", dataclasses.replace(small, num_indices=3073), (9, 0), 132, RECORD_CUDA)[1]
 
 
 def test_the_fused_pass_follows_the_sm_count_and_takes_an_fp32_copy_for_16_bit_gradients():
@@ -105,14 +105,14 @@ def test_the_fused_pass_follows_the_sm_count_and_takes_an_fp32_copy_for_16_bit_g
     whose SM count is unknown takes the two passes, the larger scratch."""
     call = EmbeddingBackward(65536, 100, 1024, 2, 8, True, True, False)  # 100 rows: 100 scatter blocks
     assert uses_fused_pass(call, 26) and not uses_fused_pass(call, 25) and not uses_fused_pass(call, None)
-    _, fused = scratch_events("o", call, (9, 0), 132, True)
-    _, two = scratch_events("o", call, (9, 0), None, True)
+    _, fused = scratch_events("o", call, (9, 0), 132, RECORD_CUDA)
+    _, two = scratch_events("o", call, (9, 0), None, RECORD_CUDA)
     partials = 65536 // 10 + 100
     assert (("embedding-scratch", "o", "grad_weight_acc"), 100 * 1024 * 4) in fused
     assert (("embedding-scratch", "o", "grad_weight_per_segment"), partials * 1024 * 4) in two
     assert max(n for _, n in fused) < max(n for _, n in two)
     fp32 = dataclasses.replace(call, grad_bytes=4)
-    assert not any(key[2] == "grad_weight_acc" for key, _ in scratch_events("o", fp32, (9, 0), 132, True)[1])
+    assert not any(key[2] == "grad_weight_acc" for key, _ in scratch_events("o", fp32, (9, 0), 132, RECORD_CUDA)[1])
 
 
 @pytest.fixture(scope="module")

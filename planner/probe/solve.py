@@ -204,6 +204,22 @@ def _column_reductions(recordings: list[Recording]) -> tuple[tuple[int, Poly, Po
     return tuple(out)
 
 
+def _marked_calls(recordings: list[Recording], marks: str, sizes: tuple[str, ...], kinds: tuple[str, ...],
+                  what: str) -> list[tuple[int, tuple[Poly, ...], tuple]]:
+    """Each kernel call a probe marked on a storage (`marks`, a Recording field: storage -> call),
+    as (storage, its fields `sizes` as dimension formulas in b and s, its fields `kinds`, which
+    must be the same at every probed size)."""
+    probed = tuple((r.batch_size, r.seq_len) for r in recordings)
+    out = []
+    for index in sorted(getattr(recordings[0], marks)):
+        calls = [getattr(r, marks)[index] for r in recordings]
+        if len({tuple(getattr(c, name) for name in kinds) for c in calls}) != 1:
+            raise ProbeUnsupported(f"{what} runs differently at different batch or sequence sizes")
+        dims = tuple(_frozen(_dimension_formula(tuple(getattr(c, name) for c in calls), probed)) for name in sizes)
+        out.append((index, dims, tuple(getattr(calls[0], name) for name in kinds)))
+    return out
+
+
 ATTENTION_DIMS = ("batch", "heads_q", "heads_kv", "seq_q", "seq_kv", "head_dim_qk", "head_dim_v")
 
 
@@ -211,16 +227,9 @@ def _attention_backwards(recordings: list[Recording]) -> tuple[tuple[int, str, b
     """Each fused attention backward (planner.attention_scratch) on its last output's storage:
     backend, whether cuDNN would take it, its dimensions (ATTENTION_DIMS) as dimension formulas
     in b and s, and Q's element bytes."""
-    sizes = tuple((r.batch_size, r.seq_len) for r in recordings)
-    out = []
-    for index in sorted(recordings[0].attention_backwards):
-        calls = [r.attention_backwards[index] for r in recordings]
-        if len({(c.backend, c.cudnn_eligible, c.element_bytes) for c in calls}) != 1:
-            raise ProbeUnsupported("an attention backward runs differently at different batch or sequence sizes")
-        dims = tuple(_frozen(_dimension_formula(tuple(getattr(c, name) for c in calls), sizes))
-                     for name in ATTENTION_DIMS)
-        out.append((index, calls[0].backend, calls[0].cudnn_eligible, dims, calls[0].element_bytes))
-    return tuple(out)
+    return tuple((index, backend, eligible, dims, element) for index, dims, (backend, eligible, element) in
+                 _marked_calls(recordings, "attention_backwards", ATTENTION_DIMS,
+                               ("backend", "cudnn_eligible", "element_bytes"), "an attention backward"))
 
 
 EMBEDDING_SIZES = ("num_indices", "num_weights", "dim")
@@ -230,16 +239,9 @@ EMBEDDING_KINDS = ("grad_bytes", "index_bytes", "indices_contiguous", "grad_cont
 def _embedding_backwards(recordings: list[Recording]) -> tuple[tuple, ...]:
     """Each embedding backward (planner.embedding_scratch) on its output's storage: its sizes
     (EMBEDDING_SIZES) as dimension formulas in b and s, then EMBEDDING_KINDS."""
-    sizes = tuple((r.batch_size, r.seq_len) for r in recordings)
-    out = []
-    for index in sorted(recordings[0].embedding_backwards):
-        calls = [r.embedding_backwards[index] for r in recordings]
-        if len({tuple(getattr(c, name) for name in EMBEDDING_KINDS) for c in calls}) != 1:
-            raise ProbeUnsupported("an embedding backward runs differently at different batch or sequence sizes")
-        dims = tuple(_frozen(_dimension_formula(tuple(getattr(c, name) for c in calls), sizes))
-                     for name in EMBEDDING_SIZES)
-        out.append((index, dims, *(getattr(calls[0], name) for name in EMBEDDING_KINDS)))
-    return tuple(out)
+    return tuple((index, dims, *kinds) for index, dims, kinds in
+                 _marked_calls(recordings, "embedding_backwards", EMBEDDING_SIZES, EMBEDDING_KINDS,
+                               "an embedding backward"))
 
 
 def _made(groups: dict, live_at_start) -> tuple[dict, dict]:
