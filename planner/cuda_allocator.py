@@ -425,24 +425,7 @@ class CachingAllocator:
         pool = self._small if size <= K_SMALL_SIZE else self._large  # get_pool
         block = self._get_free_block(pool, size)
         if block is None:
-            # malloc: alloc_block, then release_available_cached_blocks and retry, then
-            # release_cached_blocks and retry.
-            alloc_size = self.allocation_size(size)
-            if self._headroom:
-                self._note_room(pool, size, alloc_size)
-            block = self._alloc_block(pool, size, alloc_size)
-            if block is None and self._release_available_cached_blocks(pool, size):
-                block = self._alloc_block(pool, size, alloc_size)
-            if block is None:
-                self.retry_releases += 1
-                self._release_cached_blocks()
-                block = self._alloc_block(pool, size, alloc_size)
-            if block is None:
-                error = CudaOutOfMemoryError(nbytes, alloc_size, self._allocated, self._reserved)
-                if self.capacity_bytes is not None:
-                    error.shortfall_bytes = max(K_MIN_BLOCK_SIZE, self._map_shortfall if self._expandable
-                                                else self._reserved + alloc_size - self.capacity_bytes)
-                raise error
+            block = self._new_memory(pool, size, nbytes)
         # should_split
         remaining = block.size - size
         if pool.small or self._expandable:
@@ -487,6 +470,27 @@ class CachingAllocator:
         self._try_merge(block, block.next)
         block.pool.insert(block)
 
+    def _new_memory(self, pool: _Pool, size: int, nbytes: int) -> _Block:
+        # malloc, where no cached block fits: alloc_block, then release_available_cached_blocks
+        # and retry, then release_cached_blocks and retry; then out of memory.
+        alloc_size = self.allocation_size(size)
+        if self._headroom:
+            self._note_room(pool, size, alloc_size)
+        block = self._alloc_block(pool, size, alloc_size)
+        if block is None and self._release_available_cached_blocks(pool, size):
+            block = self._alloc_block(pool, size, alloc_size)
+        if block is None:
+            self.retry_releases += 1
+            self._release_cached_blocks()
+            block = self._alloc_block(pool, size, alloc_size)
+        if block is None:
+            error = CudaOutOfMemoryError(nbytes, alloc_size, self._allocated, self._reserved)
+            if self.capacity_bytes is not None:
+                error.shortfall_bytes = max(K_MIN_BLOCK_SIZE, self._map_shortfall if self._expandable
+                                            else self._reserved + alloc_size - self.capacity_bytes)
+            raise error
+        return block
+
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache(): emptyCache -> release_cached_blocks."""
         self._release_cached_blocks()
@@ -517,6 +521,8 @@ class CachingAllocator:
     def replay(self, events: Iterable[tuple[Hashable, int]], start_index: int = 0) -> int:
         """Replay events; returns how many ran. Raises CudaOutOfMemoryError with
         `event_index` (counted from `start_index`) set on an OOM."""
+        if not (self._expandable or self._max_split is not None or self._divisions):
+            return self._replay_plain(events, start_index)
         malloc = self.malloc
         free = self.free
         i = start_index
@@ -530,6 +536,104 @@ class CachingAllocator:
         except CudaOutOfMemoryError as error:
             error.event_index = i
             raise
+        return i - start_index
+
+    def _replay_plain(self, events: Iterable[tuple[Hashable, int]], start_index: int) -> int:
+        # `malloc` and `free` written out in one loop, for the settings a training step's
+        # replay has by default (no expandable segments, max_split_size or power-of-two
+        # rounding): every block is mapped, a large block splits when more than 1 MiB is
+        # left, and blocks merge with any free neighbour. The same rules as the two methods,
+        # without a call per event (a 7B step is tens of thousands of events):
+        # tests/test_cuda_allocator.py replays random traces both ways and compares every
+        # block. New memory, and keys freed or allocated wrongly, go through the methods;
+        # the allocated total and its peak are kept in locals and written back around them.
+        live, empty = self._live, self._empty
+        small = self._small
+        large = self._large
+        allocated, peak = self._allocated, self._peak_allocated
+        i = start_index
+        try:
+            for key, nbytes in events:
+                if nbytes == FREE:
+                    block = live.pop(key, None)
+                    if block is None:
+                        self._allocated = allocated
+                        self.free(key)  # a zero-byte key, or the KeyError
+                        i += 1
+                        continue
+                    block.allocated = False
+                    allocated -= block.size
+                    pool = block.pool
+                    keys = pool.keys
+                    by_key = pool.by_key
+                    prev = block.prev
+                    if prev is not None and not prev.allocated:  # [prev block]: absorb prev
+                        k = (prev.size << _ADDR_BITS) | prev.addr
+                        del keys[bisect_left(keys, k)]
+                        del by_key[k]
+                        block.addr = prev.addr
+                        block.size += prev.size
+                        prev = block.prev = prev.prev
+                        if prev is not None:
+                            prev.next = block
+                    nxt = block.next
+                    if nxt is not None and not nxt.allocated:  # [block next]: absorb next
+                        k = (nxt.size << _ADDR_BITS) | nxt.addr
+                        del keys[bisect_left(keys, k)]
+                        del by_key[k]
+                        block.size += nxt.size
+                        nxt = block.next = nxt.next
+                        if nxt is not None:
+                            nxt.prev = block
+                    k = (block.size << _ADDR_BITS) | block.addr
+                    insort(keys, k)
+                    by_key[k] = block
+                else:
+                    if nbytes <= 0 or key in live or key in empty:
+                        self._allocated = allocated
+                        self.malloc(key, nbytes)  # zero bytes, or the ValueError
+                        i += 1
+                        continue
+                    size = K_MIN_BLOCK_SIZE if nbytes < K_MIN_BLOCK_SIZE else \
+                        -(-nbytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+                    pool = small if size <= K_SMALL_SIZE else large
+                    keys = pool.keys
+                    j = bisect_left(keys, size << _ADDR_BITS)
+                    if j < len(keys):
+                        k = keys[j]
+                        del keys[j]
+                        block = pool.by_key.pop(k)
+                    else:
+                        self._allocated = allocated
+                        block = self._new_memory(pool, size, nbytes)
+                    remaining = block.size - size
+                    if (remaining >= K_MIN_BLOCK_SIZE) if pool is small else (remaining > K_SMALL_SIZE):
+                        front = _Block(size, block.addr, block.seg, pool)
+                        prev = front.prev = block.prev
+                        if prev is not None:
+                            prev.next = front
+                        front.next = block
+                        block.prev = front
+                        block.addr += size
+                        block.size = remaining
+                        k = (remaining << _ADDR_BITS) | block.addr
+                        insort(keys, k)
+                        pool.by_key[k] = block
+                        block = front
+                    block.allocated = True
+                    live[key] = block
+                    allocated += block.size
+                    if allocated > peak:
+                        peak = allocated
+                        self._reserved_at_peak = self._reserved
+                i += 1
+        except CudaOutOfMemoryError as error:
+            error.event_index = i
+            raise
+        finally:
+            self._allocated = allocated
+            if peak > self._peak_allocated:
+                self._peak_allocated = peak
         return i - start_index
 
     # --- headroom (not the allocator's: see Headroom) ---------------------------------

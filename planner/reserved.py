@@ -295,6 +295,27 @@ def _embedding_calls(table: ProbeTable, batch: int, seq: int) -> dict[int, Embed
             for index, dims, *kinds in table.trace.embedding_backwards}
 
 
+def _marked_positions(table: ProbeTable, expansion: Expansion, accumulation_steps: int,
+                      carried: frozenset) -> list[int]:
+    """Positions in a step's part of `expansion.events` that are not copied as they are: every
+    event of a carried output (renamed per step), and each allocation made by a column
+    reduction, a fused attention backward or an embedding backward (their scratch follows).
+    Which they are follows from the table's structure, not from the sizes (planner.probe.trace
+    `expand`): kept per table and micro-batch count."""
+    def find() -> list[int]:
+        trace = table.trace
+        kernels = ({index for index, *_ in trace.column_reductions} | {index for index, *_ in trace.attention_backwards}
+                   | {index for index, *_ in trace.embedding_backwards})
+        start = expansion.initial_count
+        return [position for position, (key, nbytes) in enumerate(expansion.events[start:], start)
+                if key in carried or (nbytes != FREE and key[0] in kernels)]
+
+    return _MARKED.made(table, (accumulation_steps, carried), find)
+
+
+_MARKED = PerTable(kept=64)
+
+
 def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
                     step_temporaries_bytes: int | None = None,
                     allocator_blocks: tuple[int, ...] = (),
@@ -344,15 +365,25 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
     attention = _attention_calls(table, scenario.batch_size, scenario.seq_len)
     embedding = _embedding_calls(table, scenario.batch_size, scenario.seq_len)
 
+    # Most of a step's events are the expansion's as they are: copied in runs between the
+    # positions that need more (a carried output's name, a kernel's scratch, a cuBLAS workspace).
+    marked = _marked_positions(table, expansion, scenario.grad_accum_steps, frozenset(carried_in) | frozenset(carried_out))
+    first_marked = sorted(set(marked) | set(workspace_after))
+    carried_in_set = set(carried_in)
+
     def one_step(parity_in: int | None, parity_out: int) -> list[Event]:
         """A step whose carried-in outputs are keyed by `parity_in` (None: the first step, which
         starts with none, makes the cuBLAS workspaces and makes the optimizer state before its update)."""
         names = {} if parity_in is None else {old: ("carry", parity_in, j) for j, old in enumerate(carried_in)}
         names.update({new: ("carry", parity_out, j) for j, new in enumerate(carried_out)})
+        all_events = expansion.events
         events = []
-        for position in range(expansion.initial_count, len(expansion.events)):
-            key, nbytes = expansion.events[position]
-            if parity_in is None and key in carried_in:
+        copied = expansion.initial_count  # all_events[copied:] are not in `events` yet
+        for position in (marked if parity_in is not None else first_marked):
+            events += all_events[copied:position]
+            copied = position + 1
+            key, nbytes = all_events[position]
+            if parity_in is None and key in carried_in_set:
                 continue
             named = names.get(key, key)
             embedding_call = embedding.get(key[0]) if nbytes != FREE else None
@@ -372,6 +403,7 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
                 events += kernels.attention_events(named, call)
             if parity_in is None and position in workspace_after:
                 events.append(workspace_after[position])
+        events += all_events[copied:]
         if parity_in is None:
             events += state_events(shape, scenario)
         events += step_events
@@ -382,7 +414,6 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
 
     # What is alive at the start of every step but the carried-in outputs (the recorded loop's
     # batch-kept tensors, which a step's frees match), then the first step.
-    carried_in_set = set(carried_in)
     warm_up = [(key, sizes[key]) for key in initial_keys if key not in carried_in_set]
     prefix = model_prefix(shape, scenario, allocator_blocks + in_prefix) + warm_up + one_step(None, 0)
     # Which form a step takes, and that its keys are sound, follows from the table and the

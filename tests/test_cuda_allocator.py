@@ -413,6 +413,53 @@ def test_invariants_on_random_traces(ops, config, capacity):
             assert allocator.reserved_bytes_large_pool % (20 * MiB) == 0
 
 
+def _layout(allocator: CachingAllocator) -> tuple:
+    """Everything a later event's outcome depends on: each live key's block, each pool's
+    free blocks in order, the counters and the peaks."""
+    live = {key: (block.addr, block.size, block.seg.base) for key, block in allocator._live.items()}
+    pools = tuple(tuple((b.addr, b.size, b.seg.base, b.prev is None, b.next is None) for b in
+                        (pool.by_key[k] for k in pool.keys)) for pool in (allocator._small, allocator._large))
+    return (live, sorted(allocator._empty, key=repr), pools, allocator.allocated_bytes, allocator.reserved_bytes,
+            allocator.peak_allocated_bytes, allocator.peak_reserved_bytes, allocator.reserved_at_peak_allocated_bytes,
+            allocator.segments, allocator.retry_releases, allocator.least_room_bytes)
+
+
+@settings(max_examples=200, deadline=None, print_blob=True)
+@given(ops=OPS, capacity=st.one_of(st.none(), st.integers(0, 120 * MiB)), cut=st.integers(0, 60),
+       zeros=st.lists(st.integers(0, 60), max_size=3))
+def test_replay_loop_is_malloc_and_free_event_by_event(ops, capacity, cut, zeros):
+    """`replay` runs the default settings' events in one loop of its own (`_replay_plain`):
+    it leaves every block, pool, counter, peak and headroom where `malloc` and `free` called
+    per event leave them, runs out of memory at the same event, and goes on from where an
+    earlier replay (or a peak reset) left the allocator. Zero-byte requests included."""
+    trace = make_trace(ops)
+    for at in zeros:  # a zero-byte key allocated and freed somewhere in the trace
+        at = min(at, len(trace))
+        trace[at:at] = [(("empty", at), 0), (("empty", at), FREE)]
+    cut = min(cut, len(trace))
+    looped = CachingAllocator(capacity_bytes=capacity, headroom=capacity is not None)
+    stepped = CachingAllocator(capacity_bytes=capacity, headroom=capacity is not None)
+    looped_oom = stepped_oom = None
+    try:
+        done = looped.replay(trace[:cut])
+        looped.reset_peak_stats()
+        looped.replay(trace[cut:], done)
+    except CudaOutOfMemoryError as error:
+        looped_oom = (error.event_index, error.request_bytes, error.shortfall_bytes)
+    try:
+        for index, (key, nbytes) in enumerate(trace):
+            if index == cut:
+                stepped.reset_peak_stats()
+            stepped.free(key) if nbytes == FREE else stepped.malloc(key, nbytes)
+        if cut == len(trace):
+            stepped.reset_peak_stats()
+    except CudaOutOfMemoryError as error:
+        stepped_oom = (index, error.request_bytes, error.shortfall_bytes)
+    assert looped_oom == stepped_oom
+    assert _layout(looped) == _layout(stepped)
+    looped.check_invariants()
+
+
 @settings(max_examples=100, deadline=None, print_blob=True)
 @given(ops=OPS, config=CONFIGS)
 def test_released_cache_replays_like_a_fresh_allocator(ops, config):
