@@ -21,10 +21,12 @@ from planner.verdict import tensor_budget_bytes
 from views.breakdown import breakdown_table, verdict_for, verdict_table, with_byte_separators
 from views.comparison import (
     adapter_summary,
+    CHART_BATCH_SIZES,
     batch_sizes_for_chart,
     chart_base,
     memory_vs_batch,
     memory_vs_batch_known,
+    series_within,
     unprobed_text,
 )
 from views.escaping import markdown_text
@@ -53,15 +55,19 @@ def _batch_series(context, sizes: list[int]):
     shape, base = context.shape, context.base_values
 
     def every_line_known():
-        series, unprobed = memory_vs_batch_known(shape, base, sizes)
+        # Every size a chart may show: a change that moves the largest batch (checkpointing,
+        # precision, optimizer) then draws from the cache (its first time took about 15 ms of
+        # a 110 ms rerun: benchmarks/browser_speed.py's checkpointing row).
+        series, unprobed = memory_vs_batch_known(shape, base, CHART_BATCH_SIZES)
         if unprobed:
             raise _Incomplete((series, unprobed))  # Streamlit caches no raised result
         return series
 
     try:
-        return cached_for_model(context, "plan batch series", every_line_known, chart_base(base), tuple(sizes)), ()
+        series, unprobed = cached_for_model(context, "plan batch series", every_line_known, chart_base(base)), ()
     except _Incomplete as incomplete:  # the next run draws what a probe since has added
-        return incomplete.known
+        series, unprobed = incomplete.known
+    return series_within(series, unprobed, sizes)
 
 
 def render() -> None:

@@ -36,7 +36,9 @@ from views.comparison import (
     comparison_table,
     matching_run,
     memory_vs_batch,
+    memory_vs_batch_known,
     saving_pct,
+    series_within,
     technique_values,
 )
 from views.inputs import DEFAULTS, SidebarValues, base_values, total_capacity_bytes
@@ -271,6 +273,21 @@ def test_chart_base_keys_exactly_what_the_series_follow_from(gpt2):
     longer = {**BASE, "seq_len": 1024}
     assert chart_base(longer) != chart_base(BASE)
     assert memory_vs_batch(gpt2, longer, sizes) != memory_vs_batch(gpt2, BASE, sizes)
+
+
+def test_lines_cut_from_every_chart_size_are_the_lines_drawn_for_fewer(gpt2):
+    # The Plan page keeps each model's lines at every size a chart may show and cuts them to the
+    # sizes it draws: the same points as estimating those sizes alone, and a technique whose
+    # probe is missing is still named, with only its missing sizes among those drawn.
+    every = (1, 2, 4, 8, 16, 32, 64, 128)
+    series, unprobed = memory_vs_batch_known(gpt2, BASE, every)
+    for largest in (3, 40):
+        sizes = batch_sizes_for_chart(largest, at_least=4)
+        assert series_within(series, unprobed, sizes) == memory_vs_batch_known(gpt2, BASE, sizes)
+    technique = TECHNIQUES[0]
+    kept, left_out = series_within({"a": [(1, 5), (8, None)], "b": [(64, 7)]}, [(technique, (1, 64))], [1, 2, 8])
+    assert kept == {"a": [(1, 5), (8, None)]} and left_out == ((technique, (1,)),)
+    assert series_within({}, [(technique, (64,))], [1, 2]) == ({}, ())
 
 
 # --- shared controls --------------------------------------------------------------------------

@@ -340,7 +340,11 @@ def _settings_text(values: Mapping[str, object]) -> str:
 
 
 # Batch sizes for the memory-vs-batch chart: powers of two from 1.
-def batch_sizes_for_chart(largest: int | None, at_least: int = 64, at_most: int = 4096) -> list[int]:
+CHART_BATCH_LIMIT = 4096  # the largest batch "peak against batch size" draws
+
+
+def batch_sizes_for_chart(largest: int | None, at_least: int = 64, at_most: int = CHART_BATCH_LIMIT) -> list[int]:
+    """Powers of two up to twice the largest batch that fits (at least `at_least`, at most `at_most`)."""
     top = max(at_least, 2 * largest if largest else at_least)
     top = min(top, at_most)
     sizes, b = [], 1
@@ -348,6 +352,22 @@ def batch_sizes_for_chart(largest: int | None, at_least: int = 64, at_most: int 
         sizes.append(b)
         b *= 2
     return sizes
+
+
+CHART_BATCH_SIZES = tuple(batch_sizes_for_chart(None, at_least=CHART_BATCH_LIMIT))  # every size a chart may show
+
+
+def series_within(series: Mapping[str, list[tuple[int, int | None]]],
+                  unprobed: Iterable[tuple[Technique, tuple[int, ...]]], sizes: Iterable[int],
+                  ) -> tuple[dict[str, list[tuple[int, int | None]]], tuple[tuple[Technique, tuple[int, ...]], ...]]:
+    """memory_vs_batch_known's answer for more sizes, cut to `sizes`: each line's points there,
+    each left-out technique with its missing sizes there (a line or a technique with none there
+    is dropped)."""
+    wanted = set(sizes)
+    within = {label: [point for point in points if point[0] in wanted] for label, points in series.items()}
+    left_out = tuple((technique, kept) for technique, missing in unprobed
+                     if (kept := tuple(b for b in missing if b in wanted)))
+    return {label: points for label, points in within.items() if points}, left_out
 
 
 CHART_TECHNIQUES = tuple(t for t in TECHNIQUES if t.key != "accumulation")
