@@ -367,7 +367,8 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
 
     # Most of a step's events are the expansion's as they are: copied in runs between the
     # positions that need more (a carried output's name, a kernel's scratch, a cuBLAS workspace).
-    marked = _marked_positions(table, expansion, scenario.grad_accum_steps, frozenset(carried_in) | frozenset(carried_out))
+    marked = _marked_positions(table, expansion, scenario.grad_accum_steps,
+                               frozenset(carried_in) | frozenset(carried_out))
     first_marked = sorted(set(marked) | set(workspace_after))
     carried_in_set = set(carried_in)
 
