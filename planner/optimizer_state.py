@@ -110,6 +110,8 @@ def paged_state_bytes(tensors: Iterable[tuple[str, tuple[int, ...], int]], optim
                       embedding_names: Collection[str] = ()) -> int:
     """The part of `tensor_state_bytes` that a paged optimizer keeps in CUDA unified memory,
     outside torch's caching allocator (module doc); 0 for any other optimizer or on CPU."""
+    if optimizer is not Optimizer.PAGED_ADAMW8BIT or device is not Device.CUDA:
+        return 0  # no tensor is a paged buffer (is_paged_buffer): not summed per tensor on every estimate
     fp32_embeddings = trainer_keeps_embeddings_in_32_bit(optimizer, engine)
     return sum(_bnb_buffer_bytes(math.prod(shape), fp32_embeddings and name in embedding_names)
                for name, shape, _ in tensors if is_paged_buffer(optimizer, device, math.prod(shape)))
@@ -118,6 +120,8 @@ def paged_state_bytes(tensors: Iterable[tuple[str, tuple[int, ...], int]], optim
 def model_paged_state_bytes(shape: ModelShape, optimizer: Optimizer, precision: Precision,
                             device: Device = Device.CPU, engine: Engine = Engine.ACCELERATE) -> int:
     """`paged_state_bytes` over every parameter of `shape` (full fine-tuning)."""
+    if optimizer is not Optimizer.PAGED_ADAMW8BIT or device is not Device.CUDA:
+        return 0
     param_bytes = parameter_bytes_per_element(precision)
     return paged_state_bytes([(p.name, p.shape, param_bytes) for p in shape.params], optimizer, device, engine,
                              shape.embedding_param_names)
