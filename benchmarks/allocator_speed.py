@@ -4,7 +4,10 @@ A random trace of EVENTS events (seeded): each step allocates (sizes log-uniform
 1 B to 64 MiB, so both pools and every segment kind are hit) or frees a random live
 tensor, holding about LIVE tensors alive; everything left is freed at the end. The trace
 is replayed through `replay()` with expandable segments off and on, and once with a
-capacity of 90% of the unlimited reserved peak, which forces the release-and-retry path. Median and slowest of REPEATS runs.
+capacity of 90% of the unlimited reserved peak, which forces the release-and-retry path;
+and, for reference, with `CachingAllocator.malloc` and `free` called per event (the same
+rules: `replay` runs the default settings' events in one loop of its own). Median and
+slowest of REPEATS runs.
 
 Writes benchmarks/results/allocator_speed.md. Run: python benchmarks/allocator_speed.py
 """
@@ -22,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.cuda_allocator import FREE, replay
+from planner.cuda_allocator import FREE, CachingAllocator, replay
 from planner.units import GIB, MIB, format_bytes
 
 EVENTS = 100_000
@@ -61,6 +64,32 @@ def time_replay(events, **kwargs) -> tuple[list[float], object]:
     return times, result
 
 
+class _EventByEvent:
+    """What `time_replay` reads from a replay, for an allocator driven one call per event."""
+
+    def __init__(self, allocator: CachingAllocator, events: int):
+        self.events_replayed = events
+        self.peak_allocated_bytes = allocator.peak_allocated_bytes
+        self.peak_reserved_bytes = allocator.peak_reserved_bytes
+        self.out_of_memory = False
+
+
+def time_event_by_event(events) -> tuple[list[float], _EventByEvent]:
+    times = []
+    allocator = None
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        allocator = CachingAllocator()
+        malloc, free = allocator.malloc, allocator.free
+        for key, nbytes in events:
+            if nbytes == FREE:
+                free(key)
+            else:
+                malloc(key, nbytes)
+        times.append(time.perf_counter() - start)
+    return times, _EventByEvent(allocator, len(events))
+
+
 def main() -> None:
     events = random_trace(EVENTS, LIVE, SEED)
     free_run = replay(events)
@@ -71,9 +100,10 @@ def main() -> None:
         ("expandable_segments:True, unlimited", {"expandable_segments": True}),
         (f"expandable_segments:False, capacity {format_bytes(capacity)}", {"capacity_bytes": capacity}),
     ]
+    cases.append(("expandable_segments:False, unlimited, `malloc` and `free` called per event (reference)", None))
     rows = []
     for label, kwargs in cases:
-        times, result = time_replay(events, **kwargs)
+        times, result = time_replay(events, **kwargs) if kwargs is not None else time_event_by_event(events)
         median = statistics.median(times)
         rows.append(
             f"| {label} | {result.events_replayed:,} | {median * 1e3:.0f} | {max(times) * 1e3:.0f} "

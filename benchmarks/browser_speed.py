@@ -12,7 +12,9 @@ drives Debian's Chromium through Playwright's sync API. Measures, in the page's 
 - a page switch through the sidebar's navigation links;
 - the 20-session websocket load test (load_test.run_load_test, its own fresh server);
 - for scale, later sessions of a page holding one alert and one metric (FLOOR_APP, its own
-  server, the same config and browser): what any Streamlit page costs a new session here.
+  server, the same config and browser): what any Streamlit page costs a new session here;
+  and of a page of one of each element kind the Plan page draws, nothing computed
+  (ELEMENT_KINDS_APP): what those kinds' JavaScript costs a new session.
 
 "Complete" means all of: a script_finished message (the ForwardMsg's field 6, read from the
 websocket in the page) received after the action; Streamlit's status widget gone; every
@@ -218,6 +220,11 @@ def result_rows(results: dict) -> list[tuple[str, str, str, str]]:
     if floor:
         rows.append((f"for scale: a page of one alert and one metric (Streamlit's floor here), later sessions "
                      f"({floor['later_sessions']['n']}), median", seconds(floor["later_sessions"]["p50_s"]), "-", "-"))
+    kinds = results.get("element_kinds_floor")
+    if kinds:
+        rows.append((f"for scale: a page of one of each element kind the Plan page draws, nothing computed, later "
+                     f"sessions ({kinds['later_sessions']['n']}), median", seconds(kinds["later_sessions"]["p50_s"]),
+                     "-", "-"))
     cached = results.get("cached_sessions")
     if cached:
         rows.append((f"complete Plan page, later sessions with a warm HTTP cache ({cached['n']}, new tabs), median",
@@ -396,6 +403,7 @@ def open_plan(browser, url: str, profile: bool = False, context=None) -> dict:
         boot = [r for r in scripts if r["start"] <= (probe["wsCreated"] or 0)]
         lazy = [r for r in scripts if r["start"] > (probe["wsCreated"] or 0)]
         result["js_files"] = len(scripts)
+        result["lazy_js_files"] = len(lazy)
         result["js_bytes_decoded"] = sum(r["decoded"] or 0 for r in scripts)
         result["js_last_response_end_ms"] = round(max((r["end"] for r in scripts), default=0), 1)
         result["boot_js"] = {"files": len(boot), "bytes_decoded": sum(r["decoded"] or 0 for r in boot),
@@ -647,15 +655,33 @@ st.metric("Peak", "1.00 GiB")
 """
 
 
-def streamlit_floor(later_n: int) -> dict:
-    """The one-alert page's first session on its own fresh server and `later_n` later ones."""
+# For scale too: one of each element kind the Plan page draws (the sidebar's radio, select box,
+# number input and toggle; an alert, a metric and an SVG chart in HTML Markdown), nothing
+# computed. A kind's JavaScript is fetched when a session first draws one (the select box's
+# alone is 15 files), six requests at a time over HTTP/1.1: what these kinds cost a new session.
+ELEMENT_KINDS_APP = """import streamlit as st
+
+with st.sidebar:
+    st.radio("Model from", ["Catalog", "Upload", "Hub"])
+    st.selectbox("Catalog model", ["a", "b", "c"])
+    st.number_input("Batch size", min_value=1, value=8)
+    st.toggle("Gradient checkpointing")
+st.success("Fits: a page of one of each element kind the Plan page draws")
+st.metric("Peak", "1.00 GiB")
+st.markdown("<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 40 10' width='100%'>"
+            "<rect width='8' height='8'><title>a bar</title></rect></svg>", unsafe_allow_html=True)
+"""
+
+
+def streamlit_floor(later_n: int, app: str = FLOOR_APP) -> dict:
+    """The page `app`'s first session on its own fresh server and `later_n` later ones."""
     from playwright.sync_api import sync_playwright
 
     port = load_test.free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as data_dir:
         script = Path(data_dir) / "floor_app.py"
-        script.write_text(FLOOR_APP)
+        script.write_text(app)
         server = load_test.start_server(port, data_dir, script=script)
         try:
             with sync_playwright() as playwright:
@@ -667,7 +693,7 @@ def streamlit_floor(later_n: int) -> dict:
                     browser.close()
         finally:
             load_test.stop_server(server)
-    return {"app": FLOOR_APP, "first_session_s": round(first["done_ms"] / 1000, 3),
+    return {"app": app, "first_session_s": round(first["done_ms"] / 1000, 3),
             "later_sessions": summarise([r["done_ms"] / 1000 for r in later]), "later_session_runs": later}
 
 
@@ -792,6 +818,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_floor:
         results["streamlit_floor"] = streamlit_floor(later_n)
         print(f"Streamlit's floor, later sessions: {results['streamlit_floor']['later_sessions']}", flush=True)
+        results["element_kinds_floor"] = streamlit_floor(later_n, ELEMENT_KINDS_APP)
+        print(f"The Plan page's element kinds, later sessions: {results['element_kinds_floor']['later_sessions']}",
+              flush=True)
     if not args.no_load_test:
         summary, errors, _ = load_test.run_load_test(load_sessions, load_rerenders)
         results["load_test"] = {"summary": summary, "errors": errors}
@@ -849,6 +878,24 @@ def diagnosis_summary(results: dict) -> list[str]:
         lines.append(f"For scale, Streamlit's floor here (a page of one alert and one metric, its own server, the same "
                      f"config and browser): first session {floor['first_session_s']} s, later sessions p50 "
                      f"{floor['later_sessions']['p50_s']} s, max {floor['later_sessions']['max_s']} s.")
+    kinds = results.get("element_kinds_floor")
+    if kinds:
+        lines.append(f"For scale, a page of one of each element kind the Plan page draws (a radio, a select box, a number "
+                     f"input and a toggle in the sidebar; an alert, a metric and an SVG chart in HTML Markdown), "
+                     f"nothing computed: first session {kinds['first_session_s']} s, later sessions p50 "
+                     f"{kinds['later_sessions']['p50_s']} s, max {kinds['later_sessions']['max_s']} s.")
+
+    def lazy_files(runs):
+        counts = [r["lazy_js_files"] for r in runs if "lazy_js_files" in r]
+        return statistics.median(counts) if counts else "n/a"
+
+    plan_runs = results.get("later_session_runs", [])
+    if plan_runs:
+        lines.append("JavaScript files a later session fetches after its websocket opens (an element kind's code, "
+                     "fetched when first drawn, six requests at a time over HTTP/1.1), medians: the Plan page "
+                     f"{lazy_files(plan_runs)}"
+                     + (f", the one-alert page {lazy_files(floor['later_session_runs'])}" if floor else "")
+                     + (f", the element kinds' page {lazy_files(kinds['later_session_runs'])}" if kinds else "") + ".")
     diagnosis = results.get("diagnosis", {})
     client = diagnosis.get("websocket_client_rerender")
     if client and client.get("p50_s") is not None:
