@@ -301,6 +301,21 @@ def _roundup_power2_next_division(size: int, divisions: int) -> int:
     return size if floor == size else floor + division
 
 
+def _split_front(block: _Block, size: int, pool: _Pool) -> _Block:
+    # alloc_found_block: the front `size` bytes of a free block become a new block; the rest
+    # stays free in the pool.
+    front = _Block(size, block.addr, block.seg, pool)
+    prev = front.prev = block.prev
+    if prev is not None:
+        prev.next = front
+    front.next = block
+    block.prev = front
+    block.addr += size
+    block.size -= size
+    pool.insert(block)
+    return front
+
+
 class CachingAllocator:
     """The stateful model of one device's DeviceCachingAllocator on one stream."""
 
@@ -433,19 +448,7 @@ class CachingAllocator:
         else:
             split = remaining > K_SMALL_SIZE and (self._max_split is None or size < self._max_split)
         if split:
-            # alloc_found_block: the front `size` bytes become a new block; the rest
-            # stays free in the pool.
-            front = _Block(size, block.addr, block.seg, pool)
-            prev = block.prev
-            front.prev = prev
-            if prev is not None:
-                prev.next = front
-            front.next = block
-            block.prev = front
-            block.addr += size
-            block.size = remaining
-            pool.insert(block)
-            block = front
+            block = _split_front(block, size, pool)
         block.allocated = True
         self._live[key] = block
         allocated = self._allocated + block.size  # alloc_found_block: the block's size
@@ -608,18 +611,7 @@ class CachingAllocator:
                         block = self._new_memory(pool, size, nbytes)
                     remaining = block.size - size
                     if (remaining >= K_MIN_BLOCK_SIZE) if pool is small else (remaining > K_SMALL_SIZE):
-                        front = _Block(size, block.addr, block.seg, pool)
-                        prev = front.prev = block.prev
-                        if prev is not None:
-                            prev.next = front
-                        front.next = block
-                        block.prev = front
-                        block.addr += size
-                        block.size = remaining
-                        k = (remaining << _ADDR_BITS) | block.addr
-                        insort(keys, k)
-                        pool.by_key[k] = block
-                        block = front
+                        block = _split_front(block, size, pool)
                     block.allocated = True
                     live[key] = block
                     allocated += block.size
