@@ -580,7 +580,7 @@ def server_script_profile(repeats: int) -> dict:
         t0 = time.perf_counter()
         other.run()
         new_sessions.append(time.perf_counter() - t0)
-    timings: dict[str, list[float]] = {"batch": [], "checkpointing": [], "optimizer": []}
+    timings: dict[str, list[float]] = {"batch": [], "checkpointing": [], "optimizer": [], "sequence": []}
     # AppTest runs the script in a thread of its own, and cProfile sees only the thread that
     # enables it: a profiler inside every thread's run() while `profiling` is set, one per
     # thread (one profiler enabled in two threads at once mixes their times up).
@@ -603,9 +603,10 @@ def server_script_profile(repeats: int) -> dict:
     for i in range(repeats):
         for kind, key, value in (("batch", "batch_size", 16 if i % 2 == 0 else 8),
                                  ("checkpointing", "gradient_checkpointing", i % 2 == 0),
-                                 ("optimizer", "optimizer", "sgd" if i % 2 == 0 else "adamw")):
+                                 ("optimizer", "optimizer", "sgd" if i % 2 == 0 else "adamw"),
+                                 ("sequence", "seq_len", 256 - 64 * i)):  # a new length each time
             widget = app.toggle(key=key) if kind == "checkpointing" else (
-                app.number_input(key=key) if kind == "batch" else app.selectbox(key=key))
+                app.number_input(key=key) if kind in ("batch", "sequence") else app.selectbox(key=key))
             widget.set_value(value)
             t0 = time.perf_counter()
             if kind == "batch":
@@ -638,6 +639,8 @@ def server_script_profile(repeats: int) -> dict:
         "planner/", "app_pages/", "plotly/", "streamlit/elements", "pandas/", "pyarrow/", "app.py", "json/"))]
     return {"first_run_s": round(first, 2), "new_session_first_run_s": summarise(new_sessions),
             "rerun_s": {k: summarise(v) for k, v in timings.items()},
+            # Checkpointing's first time on: a technique class whose largest batch is searched anew.
+            "first_checkpointing_on_s": round(timings["checkpointing"][0], 3),
             "batch_rerun_cumulative_top": [{"s_per_rerun": round(c / max(1, len(timings["batch"])), 4), "where": n}
                                            for c, n in wanted[:30]],
             "profiled_batch_reruns": len(timings["batch"]), "profiled_total_s": round(total, 3),
@@ -907,6 +910,9 @@ def diagnosis_summary(results: dict) -> list[str]:
     if apptest:
         reruns = ", ".join(f"{k} p50 {v['p50_s']} s" for k, v in apptest["rerun_s"].items())
         top = "; ".join(f"{e['where']} {e['s_per_rerun']} s" for e in apptest["batch_rerun_cumulative_top"][:8])
+        first_on = apptest.get("first_checkpointing_on_s")
+        if first_on is not None:
+            reruns += f" (checkpointing's first time on, a new largest-batch search: {first_on} s)"
         lines.append(f"Server script alone (AppTest, no websocket): re-runs {reruns}; a new session's first run "
                      f"p50 {apptest['new_session_first_run_s']['p50_s']} s; the process's first run "
                      f"{apptest['first_run_s']} s (imports). Under cProfile (about 2x slower), cumulative per batch "
