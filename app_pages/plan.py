@@ -20,8 +20,8 @@ from planner.units import format_bytes
 from planner.verdict import tensor_budget_bytes
 from views.breakdown import breakdown_table, verdict_for, verdict_table, with_byte_separators
 from views.comparison import (
-    adapter_summary,
     CHART_BATCH_SIZES,
+    adapter_summary,
     batch_sizes_for_chart,
     chart_base,
     memory_vs_batch,
@@ -56,8 +56,7 @@ def _batch_series(context, sizes: list[int]):
 
     def every_line_known():
         # Every size a chart may show: a change that moves the largest batch (checkpointing,
-        # precision, optimizer) then draws from the cache (its first time took about 15 ms of
-        # a 110 ms rerun: benchmarks/browser_speed.py's checkpointing row).
+        # precision, optimizer) then draws the lines from the cache instead of estimating them again.
         series, unprobed = memory_vs_batch_known(shape, base, CHART_BATCH_SIZES)
         if unprobed:
             raise _Incomplete((series, unprobed))  # Streamlit caches no raised result

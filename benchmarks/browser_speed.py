@@ -660,8 +660,8 @@ st.metric("Peak", "1.00 GiB")
 
 # For scale too: one of each element kind the Plan page draws (the sidebar's radio, select box,
 # number input and toggle; an alert, a metric and an SVG chart in HTML Markdown), nothing
-# computed. A kind's JavaScript is fetched when a session first draws one (the select box's
-# alone is 15 files), six requests at a time over HTTP/1.1: what these kinds cost a new session.
+# computed. A kind's JavaScript is fetched when a session first draws one, six requests at a
+# time over HTTP/1.1 (`lazy_js_files` counts them): what these kinds cost a new session.
 ELEMENT_KINDS_APP = """import streamlit as st
 
 with st.sidebar:

@@ -49,7 +49,7 @@ import math
 import re
 from collections.abc import Hashable, Sequence
 
-from planner.cuda_allocator import FREE
+from planner.cuda_allocator import FREE, Event
 from planner.cuda_reduction import (largest_column_reduction_requests, largest_full_reduction_requests,
                                     launch_events)
 from planner.model_shape import ParamTensor
@@ -59,7 +59,6 @@ from planner.scenario import Device, Engine, Optimizer
 ACCUMULATOR_BYTES = FP32_BYTES  # both reductions accumulate in fp32 (float for fp32, bf16 and fp16)
 WORKSPACE_KINDS = frozenset({"reduction-workspace", "reduction-semaphores"})  # a kernel's, not a tensor
 
-Event = tuple[Hashable, int]  # (key, bytes) allocates; (key, FREE) frees
 # Trainer.get_decay_parameter_names' patterns (transformers/trainer.py), searched in the lower-cased name
 _NO_DECAY_NAMES = tuple(re.compile(pattern) for pattern in
                         (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"))

@@ -145,6 +145,7 @@ K_ROUND_LARGE = 2 * MIB  # kRoundLarge: round up large allocations to 2 MiB
 K_LARGE_BUFFER = 20 * MIB
 
 FREE = -1  # the nbytes of a free event
+Event = tuple[Hashable, int]  # (key, nbytes) allocates; (key, FREE) frees
 
 # Address space given to one expandable segment (see Known limitations).
 _EXPANDABLE_ADDRESS_SPACE = 1 << 48

@@ -5,7 +5,7 @@ A fake kernel makes only `embedding_dense_backward`'s output, the weight's gradi
 `embedding_dense_backward_cuda` and EmbeddingBackwardKernel.cu `embedding_backward_cuda_kernel`)
 makes more for as long as it runs. The probe marks each call with its sizes
 (planner.probe.recorder); the allocator's replay (planner.reserved) makes these requests around
-the output, for the plan's GPU (`EmbeddingTarget`).
+the output, for the plan's GPU (planner.kernel_target `KernelTarget`).
 
 Every path first makes contiguous copies of the indices and of the incoming gradient where
 they are not contiguous (`indices_.contiguous()`, `grad_.contiguous()`), alive until it returns.
@@ -49,9 +49,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from planner import cub_temporaries as cub
-from planner.cuda_allocator import FREE
+from planner.cuda_allocator import FREE, Event
 
-Event = tuple[Hashable, int]
 
 
 @dataclass(frozen=True)

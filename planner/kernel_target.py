@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from planner import attention_scratch, embedding_scratch
 from planner.attention_scratch import DEFAULT_BUILD, AttentionBackward, CudaBuild
+from planner.cuda_allocator import Event
 from planner.embedding_scratch import EmbeddingBackward
 
-Event = tuple[Hashable, int]
 
 
 @dataclass(frozen=True)

@@ -95,9 +95,14 @@ def _per_tensor_state(shape: tuple[int, ...], optimizer: Optimizer, param_bytes:
     raise ValueError(f"no state model for optimizer {optimizer}")
 
 
+def pages_state(optimizer: Optimizer, device: Device) -> bool:
+    """Whether the optimizer keeps some tensors' state in CUDA unified memory (bitsandbytes' paged one on CUDA)."""
+    return optimizer is Optimizer.PAGED_ADAMW8BIT and device is Device.CUDA
+
+
 def is_paged_buffer(optimizer: Optimizer, device: Device, numel: int) -> bool:
     """Whether bitsandbytes puts this tensor's state1 and state2 in CUDA unified memory."""
-    return optimizer is Optimizer.PAGED_ADAMW8BIT and device is Device.CUDA and numel >= BNB_PAGED_MIN_ELEMENTS
+    return pages_state(optimizer, device) and numel >= BNB_PAGED_MIN_ELEMENTS
 
 
 def _bnb_buffer_bytes(numel: int, in_32_bit: bool) -> int:
@@ -110,8 +115,8 @@ def paged_state_bytes(tensors: Iterable[tuple[str, tuple[int, ...], int]], optim
                       embedding_names: Collection[str] = ()) -> int:
     """The part of `tensor_state_bytes` that a paged optimizer keeps in CUDA unified memory,
     outside torch's caching allocator (module doc); 0 for any other optimizer or on CPU."""
-    if optimizer is not Optimizer.PAGED_ADAMW8BIT or device is not Device.CUDA:
-        return 0  # no tensor is a paged buffer (is_paged_buffer): not summed per tensor on every estimate
+    if not pages_state(optimizer, device):
+        return 0  # no tensor is a paged buffer: not summed per tensor on every estimate
     fp32_embeddings = trainer_keeps_embeddings_in_32_bit(optimizer, engine)
     return sum(_bnb_buffer_bytes(math.prod(shape), fp32_embeddings and name in embedding_names)
                for name, shape, _ in tensors if is_paged_buffer(optimizer, device, math.prod(shape)))
@@ -120,7 +125,7 @@ def paged_state_bytes(tensors: Iterable[tuple[str, tuple[int, ...], int]], optim
 def model_paged_state_bytes(shape: ModelShape, optimizer: Optimizer, precision: Precision,
                             device: Device = Device.CPU, engine: Engine = Engine.ACCELERATE) -> int:
     """`paged_state_bytes` over every parameter of `shape` (full fine-tuning)."""
-    if optimizer is not Optimizer.PAGED_ADAMW8BIT or device is not Device.CUDA:
+    if not pages_state(optimizer, device):
         return 0
     param_bytes = parameter_bytes_per_element(precision)
     return paged_state_bytes([(p.name, p.shape, param_bytes) for p in shape.params], optimizer, device, engine,

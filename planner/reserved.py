@@ -79,7 +79,7 @@ from collections.abc import Hashable
 from planner import optimizer_state as counts
 from planner.adafactor_cuda import optimizer_order, step_events, step_peak_bytes
 from planner.attention_scratch import AttentionBackward
-from planner.cuda_allocator import FREE, K_SMALL_SIZE, ReplayResult, replay
+from planner.cuda_allocator import FREE, K_SMALL_SIZE, Event, ReplayResult, replay
 from planner.cuda_reduction import largest_column_reduction_requests, launch_events
 from planner.embedding_scratch import EmbeddingBackward
 from planner.kernel_target import UNKNOWN_GPU, KernelTarget
@@ -87,8 +87,6 @@ from planner.model_shape import ModelShape
 from planner.probe.table import PerTable, ProbeTable, poly_value
 from planner.probe.trace import Expansion, TraceError, expand
 from planner.scenario import CudaSegments, Device, Optimizer, Scenario
-
-Event = tuple[Hashable, int]
 
 
 def state_tensor_bytes(shape: tuple[int, ...], optimizer: Optimizer, param_bytes: int, device: Device,
