@@ -1,5 +1,5 @@
-"""Planner speed: start-up (imports + building one model's shapes on the meta device),
-the first probe of each technique class (CPU kernels; shipped tables and caches bypassed,
+"""Planner speed: start-up (reading a catalog model's shipped shapes),
+the first probe of each technique class (CPU and CUDA kernels; shipped tables and caches bypassed,
 so this is what an uploaded config costs), apart from the cost of one estimate once
 loaded, plus a 1,000-line `planner batch` run end to end. Writes benchmarks/results/speed.md.
 
@@ -34,8 +34,9 @@ def _scenarios(task: str) -> list[dict]:
                              ["fp32", "bf16-mixed", "bf16"], [False, True], [1, 4], ["sdpa", "eager"], ["cpu", "cuda"])
     out = [dict(task=task, batch_size=b, seq_len=s, optimizer=o, precision=p, gradient_checkpointing=c,
                 grad_accum=k, attn=a, device=d) for b, s, o, p, c, k, a, d in grid
-           # SDPA only, and on CPU two optimizers: six probed technique classes per device (CUDA's
-           # step is read from torch's code, not probed) keep the first-load part to minutes.
+           # SDPA only, and on CPU two optimizers: twelve probed technique classes per device keep
+           # the first-load part to minutes (CUDA plans take every optimizer: their step is mostly
+           # read from torch's code).
            if a == "sdpa" and (d == "cuda" or o in ("adamw", "adamw8bit"))]
     return out[:1000]
 
@@ -76,11 +77,12 @@ def main() -> None:
         shape = load_model_shape(name, task, 2)
         load_s = time.perf_counter() - t0
         scenarios = [scenario_from_values(**values) for values in _scenarios(task.value)]
-        # First use of each technique class probes it (and, on CPU, each optimizer's step) once.
+        # First use of each technique class probes it once, and of each optimizer and precision its
+        # step's temporaries where they are probed (every CPU loop; Adafactor's on CUDA too).
         class_s, step_s, seen, unshipped = [], [], set(), 0
         for scenario in scenarios:
-            technique, step = cache.technique_key(shape, scenario), cache.step_key(shape, scenario)
-            wanted = {technique} if scenario.device.value == "cuda" else {technique, step}  # CUDA's step: not probed
+            technique = cache.technique_key(shape, scenario)
+            wanted = {technique, cache.step_key(shape, scenario)}
             if not wanted <= seen:
                 unshipped += shipped and not cache.is_ready(shape, scenario)  # probed after all
                 t1 = time.perf_counter()
@@ -116,13 +118,14 @@ def main() -> None:
         lines.append(f"| {name} | {params:,} | {load_s:.2f} | {median_s * 1e6:.0f} | {max_s * 1e6:.0f} | {total_s * 1000:.0f} |")
     lines += [
         "",
-        "The first shape build pays for importing torch and transformers; later builds are the meta-device model only.",
+        ("Start-up reads each catalog model's shipped shape (`planner/catalog/shapes/`): nothing imports torch or "
+         "transformers for it (a config outside the catalog imports both, then builds its shape on the meta device)."),
         "",
         ("First use of each technique class of a catalog model, CPU and CUDA kernels: reading its shipped table "
-         "(and, on CPU, its optimizer step's); another optimizer of a CPU class only its step's:" if shipped else
+         "(and its optimizer step's where that is probed); another optimizer of a class only its step's:" if shipped else
          "First load of an uncached config (shipped tables bypassed), CPU and CUDA kernels: a new technique class "
-         "costs the probe (three fake-tensor steps of the reduced model) and, on CPU, its optimizer's step; another "
-         "optimizer of a CPU class already probed only its step:"), "",
+         "costs the probe (three fake-tensor steps of the reduced model) and its optimizer's step where that is probed "
+         "(every CPU loop; Adafactor's on CUDA); another optimizer of a class already probed only its step, if any:"), "",
         "| model | probed blocks | new class: median (s) | new class: max (s) | classes | another optimizer: median (s) |"
         + (" of them probed (not shipped) |" if shipped else ""),
         "|---|---:|---:|---:|---:|---:|" + ("---:|" if shipped else ""),
