@@ -25,9 +25,9 @@ from planner.fit import FIT_ERROR_MARGIN, find_fits
 from planner.step_time import DEFAULT_UTILISATION
 from planner.units import format_bytes
 from planner.verdict import room_for_plans, searchable_budget_bytes
-from views.figures import fit_options_figure
 from views.fit_table import changes_text, fit_rows, nearest_rows, risks_text
 from views.inputs import preset_gpu
+from views.svg_charts import fit_options_svg
 
 # Fifteen columns share the page's width (about 980 px beside the sidebar in a 1,440 px
 # window): widths in pixels and short headers (full names in their help), so none is cut
@@ -129,8 +129,9 @@ def render() -> None:
         return
 
     st.dataframe(fit_rows(result), hide_index=True, key="fit_table", column_config=FIT_COLUMNS)
-    st.plotly_chart(cached_for_scenario(context, "what fits chart", lambda: fit_options_figure(result),
-                                        kind, utilisation, allow_risky), width="stretch", key="fit_chart")
+    # SVG drawn here, not Plotly: no chart library for the page's first visit to fetch (views.svg_charts).
+    st.markdown(cached_for_scenario(context, "what fits chart", lambda: fit_options_svg(result),
+                                    kind, utilisation, allow_risky, search_adapters), unsafe_allow_html=True)
 
     # The labels themselves are the choices (not their positions): after a sidebar change
     # re-ranks the plans, a remembered label that no longer names an option resets the box

@@ -94,7 +94,7 @@ class _Sizes:
 
 def _sizes(shape: ModelShape, scenario: Scenario) -> _Sizes:
     b, s = scenario.batch_size, scenario.seq_len
-    compute = 4 if scenario.precision is Precision.FP32 else 2
+    compute = 2 if scenario.autocasts or scenario.precision is Precision.BF16 else 4  # fp16-mixed on a CPU: fp32
     residual = 2 if scenario.precision is Precision.BF16 else 4
     return _Sizes(
         H=b * s * shape.hidden_size,
@@ -110,7 +110,7 @@ def _sizes(shape: ModelShape, scenario: Scenario) -> _Sizes:
         V=b * s * (shape.num_labels if scenario.task is Task.TOKEN_CLASSIFICATION else shape.vocab_size),
         seq=s,
         compute=compute,
-        autocast=scenario.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED),
+        autocast=scenario.autocasts,
         residual=residual,
         cuda=scenario.device is Device.CUDA,
     )

@@ -166,6 +166,11 @@ _PEAK_REASONS = {
 }
 
 
+# accelerate turns its native AMP on for fp16 only off the CPU (Accelerator.__init__).
+CPU_FP16_NOTE = ("fp16-mixed on a CPU runs as fp32: accelerate (and the Trainer through it) autocasts fp16 "
+                 "only on a GPU, so this plan is an fp32 step; bf16-mixed autocasts on a CPU")
+
+
 def _autocast_weight_copy_bytes(shape: ModelShape, scenario: Scenario) -> tuple[int, int]:
     """16-bit copies autocast makes of matmul weights: (inside the blocks, in the head).
 
@@ -173,7 +178,7 @@ def _autocast_weight_copy_bytes(shape: ModelShape, scenario: Scenario) -> tuple[
     for backward. Embedding tables are looked up, not multiplied, so never copied, except
     a tied LM head that multiplies by the embedding.
     """
-    if scenario.precision not in (Precision.BF16_MIXED, Precision.FP16_MIXED):
+    if not scenario.autocasts:
         return 0, 0
     stats = shape.stats
     head = stats.matmul_elements - stats.block_matmul_elements - shape.embedding_elements
@@ -552,6 +557,8 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
                     optimizer_step_transient_bytes(stats, scenario.optimizer, scenario.precision, scenario.device)),
     )
     notes = []
+    if scenario.precision is Precision.FP16_MIXED and not scenario.autocasts:
+        notes.append(CPU_FP16_NOTE)
     confidence = Confidence.MODELLED
     activations_bytes = saved + logits
     # On CUDA a multi-tensor step's temporaries are read from torch's code (planner.optimizer_step):

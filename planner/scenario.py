@@ -231,6 +231,14 @@ class Scenario:
         return self.cuda_segments.value if self.device is Device.CUDA else None
 
     @property
+    def autocasts(self) -> bool:
+        """Whether the step's forward runs under autocast: bf16-mixed on either device, fp16-mixed
+        on CUDA only. accelerate runs fp16-mixed as fp32 on a CPU (Accelerator.__init__ turns its
+        native AMP on for fp16 off the CPU only), and the Trainer through it likewise."""
+        return self.precision is Precision.BF16_MIXED or (self.precision is Precision.FP16_MIXED
+                                                          and self.device is Device.CUDA)
+
+    @property
     def tokens_per_micro_batch(self) -> int:
         return self.batch_size * self.seq_len
 

@@ -29,8 +29,10 @@ Progress = Callable[[int, int], None]  # (step index from 1, steps)
 
 def run_accelerate_loop(model, optimizer, batches: list[dict], scenario: Scenario, steps: int, probe,
                         cpu: bool, local_sgd_steps: int | None = None, progress: Progress | None = None,
-                        accelerator=None, on_prepared: Callable | None = None) -> None:
+                        accelerator=None, on_prepared: Callable | None = None, cuda_kernels: bool = False) -> None:
     """`steps` optimizer steps over the same micro-batches; the last one watched by `probe`.
+    `cuda_kernels`: a simulated step on CUDA's kernels, which autocasts as on a GPU
+    (planner.probe.build.autocast_as_on_cuda).
 
     A distributed run passes its own `accelerator` (one per process, built by
     runners.rank_worker) and `on_prepared(model, optimizer)` to see the wrapped model
@@ -39,7 +41,7 @@ def run_accelerate_loop(model, optimizer, batches: list[dict], scenario: Scenari
     from accelerate.local_sgd import LocalSGD
 
     if accelerator is None:
-        accelerator = fresh_accelerator(scenario, cpu)
+        accelerator = fresh_accelerator(scenario, cpu, cuda_kernels=cuda_kernels)
     model, optimizer = accelerator.prepare(model, optimizer)
     if on_prepared is not None:
         on_prepared(model, optimizer)

@@ -59,12 +59,13 @@ def _optimizer_for(request: VerifyRequest, scenario: Scenario, model):
 
 
 def _train(request: VerifyRequest, scenario: Scenario, model, optimizer, batches, probe, cpu: bool,
-           on_step: Callable[[int, int], None]) -> None:
-    if request.engine is Engine.TRAINER:
+           on_step: Callable[[int, int], None], cuda_kernels: bool = False) -> None:
+    """`cuda_kernels`: a simulated step on CUDA's kernels (runners.simulate_measure.simulate_step)."""
+    if request.engine is Engine.TRAINER:  # real runs only: simulate mode refuses it (runners.request)
         run_trainer(model, optimizer, batches, scenario, request.steps, probe, cpu=cpu, progress=on_step)
     else:
         run_accelerate_loop(model, optimizer, batches, scenario, request.steps, probe, cpu=cpu,
-                            local_sgd_steps=request.local_sgd_steps, progress=on_step)
+                            local_sgd_steps=request.local_sgd_steps, progress=on_step, cuda_kernels=cuda_kernels)
 
 
 def execute(request: VerifyRequest, progress: ProgressSink) -> dict:

@@ -48,7 +48,8 @@ def simulate_step(config: dict, scenario_values: dict, gpu=None, steps: int = 2,
     probe = MemTrackerProbe(cuda_kernels=gpu is not None)
     try:
         with simulation(fake_mode, gpu) as choices:
-            _train(request, scenario, model, optimizer, batches, probe, cpu=True, on_step=lambda step, steps: None)
+            _train(request, scenario, model, optimizer, batches, probe, cpu=True, on_step=lambda step, steps: None,
+                   cuda_kernels=gpu is not None)
     finally:
         probe.close()
     if probe.result is None:

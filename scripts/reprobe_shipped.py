@@ -1,8 +1,8 @@
 """Probe again, under the current probe formats, every class (CPU and CUDA kernels) the shipped
 tables hold under an older one (planner/catalog/probes/), and drop the old entries.
 
-When what a probe records changes (planner.probe.cache.PROBE_FORMAT, CUDA_PROBE_FORMAT), the
-shipped tables are no longer read; this rebuilds exactly the classes that were shipped, read
+When what a probe records changes (planner.probe.cache.PROBE_FORMAT, CUDA_PROBE_FORMAT, or a
+marker such as cache.FP16_AUTOCAST), the shipped tables are no longer read; this rebuilds exactly the classes that were shipped, read
 back from their keys (planner.probe.cache.technique_key: task, labels, precision, checkpointing,
 attention, engine, window, batch 1, target length, adapters, kernels), for the catalog model
 whose config digest names the file. Optimizer steps are left as they are. Classes that a format
@@ -74,10 +74,16 @@ def scenario_of(key: str, shape):
 
 
 def current_key(key: str) -> str:
-    """A stored key under the current probe format of its kind (planner.probe.cache.current_format)."""
+    """A stored key as planner.probe.cache.technique_key writes it today: under the current probe
+    format of its kind (cache.current_format), and a CUDA fp16-mixed class marked as probed under
+    autocast (cache.FP16_AUTOCAST; classes shipped before were fp32 steps)."""
     wanted = cache.current_format(key)
-    return "|".join(f"probe-format={wanted}" if part.startswith("probe-format=") else part
-                    for part in key.split("|"))
+    parts = [f"probe-format={wanted}" if part.startswith("probe-format=") else part for part in key.split("|")]
+    if parts[2] == "fp16-mixed" and cache.FP16_AUTOCAST not in parts:
+        kernels = [i for i, part in enumerate(parts) if part.startswith("cuda-kernels=")]
+        if kernels:
+            parts.insert(kernels[0], cache.FP16_AUTOCAST)
+    return "|".join(parts)
 
 
 def is_class_key(key: str) -> bool:

@@ -94,6 +94,21 @@ def test_t5_on_cuda_kernels_sizes_its_position_bias_gradients_as_the_kernels_do(
     assert "efficient" in measured["attention_backends"], measured["attention_backends"]
 
 
+def test_t5_in_fp16_autocast_on_cuda_kernels_equals_its_simulated_step():
+    """fp16-mixed autocasts on CUDA (planner.probe.build.autocast_as_on_cuda), and T5's code
+    takes an fp16-only path (it clamps fp16 hidden states to the type's range): the probe,
+    extrapolated from a reduced model, against the full model's simulated step."""
+    values = dict(batch_size=2, seq_len=21, device="cuda", precision="fp16-mixed")
+    shape, planned, measured = _estimate_and_measure("t5", values)
+    rounding = 4 * 511 * len(shape.params)  # as in the test above
+    above = planned.peak_bytes - measured["peak_bytes"]
+    assert 0 <= above <= rounding + _previous_batch_views(values), (planned.peak_bytes, measured["peak_bytes"])
+    fp32 = estimate(shape, scenario_from_values(task="sequence-classification", batch_size=2, seq_len=21,
+                                                device="cuda"))
+    # Autocast ran: at this size its 16-bit weight copies outweigh the halved activations.
+    assert planned.activations_bytes != fp32.activations_bytes
+
+
 def test_activations_picked_by_a_mask_made_from_the_batch_have_the_real_count():
     mode = FakeTensorMode()
     input_ids = torch.tensor([[5, 7, 1], [1, 4, 1]])  # eos (1) twice in the second row

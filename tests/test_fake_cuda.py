@@ -316,3 +316,46 @@ def test_the_probe_records_cuda_kernels_when_asked():
         # math kernel, as test_flash_saves_a_logsumexp_where_the_cpu_math_path_saves_scores shows).
         assert not any(t is not None and t[-2:] == (s, s) for t in shapes)
         assert (b, heads, math.ceil(s / 32) * 32) in shapes
+
+
+# fp16-mixed: accelerate autocasts it on a GPU, with a GradScaler, but runs it as fp32 on a CPU
+# (Accelerator.__init__ turns native AMP on for fp16 only off the CPU). A step on CUDA's kernels
+# takes the GPU's autocast (planner.probe.build.autocast_as_on_cuda); fp16 and bf16 are both
+# 2-byte autocast dtypes under the same CUDA op lists (ATen/autocast_mode.h lists ops, not
+# dtypes), so on a model whose code treats them alike the two steps hold the same bytes, and
+# bf16-mixed steps were measured on an H200 (README "Measured on a GPU"). Before the fix a CUDA
+# fp16-mixed plan held fp32's activations, in the probe and in the simulated step alike.
+
+
+def test_a_simulated_cuda_fp16_mixed_step_autocasts_as_on_a_gpu():
+    fp32, _, fp32_backends = _peaks("tiny-llama", {}, "fp32", "sm90")
+    bf16, _, _ = _peaks("tiny-llama", {}, "bf16-mixed", "sm90")
+    fp16, _, backends = _peaks("tiny-llama", {}, "fp16-mixed", "sm90")
+    # Flash attention takes 16-bit inputs only: the fp32 step's grouped-query attention is the math kernel.
+    assert set(backends) == {"flash"} and set(fp32_backends) == {"math"}
+    assert fp16 == bf16 != fp32  # at this size autocast's weight copies outweigh the halved activations
+    # On CPU kernels the step is a CPU run's, and accelerate runs fp16-mixed there as fp32.
+    assert _peaks("tiny-llama", {}, "fp16-mixed", None)[0] == _peaks("tiny-llama", {}, "fp32", None)[0]
+
+
+def test_a_cuda_fp16_mixed_plan_is_probed_under_autocast():
+    from planner.estimate import estimate
+    from planner.loading import model_shape_for_config
+    from planner.probe import cache
+    from planner.scenario import Task, scenario_from_values
+
+    config = tiny_config("tiny-llama")
+    shape = model_shape_for_config(config, Task.CAUSAL_LM, 2, "tiny-llama")
+
+    def plan(precision):
+        scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=24, precision=precision,
+                                        device="cuda")
+        return scenario, estimate(shape, scenario)
+
+    _, fp32 = plan("fp32")
+    _, bf16 = plan("bf16-mixed")
+    scenario, fp16 = plan("fp16-mixed")
+    assert fp16.activations_bytes == bf16.activations_bytes != fp32.activations_bytes
+    # Tables probed before the fix are not read: the class's key says it was autocast.
+    assert cache.FP16_AUTOCAST in cache.technique_key(shape, scenario).split("|")
+

@@ -25,7 +25,7 @@ def _random_scenarios(seed: int, count: int) -> list[tuple[str, int, dict]]:
         name, task = rng.choice(FAMILIES)
         values = dict(task=task, batch_size=rng.randint(1, 6), seq_len=rng.randint(2, 96),
                       optimizer=rng.choice(["adamw", "sgd", "adafactor", "hf-adafactor", "adamw8bit"]),
-                      precision=rng.choice(["fp32", "bf16-mixed", "bf16"]),
+                      precision=rng.choice(["fp32", "bf16-mixed", "bf16", "fp16-mixed"]),
                       gradient_checkpointing=rng.random() < 0.4, grad_accum=rng.choice([1, 1, 2, 3]),
                       attn=rng.choice(["sdpa", "eager"]))
         drawn.append((name, rng.randint(1, 6), values))

@@ -101,3 +101,97 @@ def test_a_long_legend_label_is_cut_and_whole_on_hover():
     label = "8-bit Adam + bf16 mixed + checkpointing + accumulation"
     assert entry.get("data-name") == label and hover(entry) == label
     assert entry.find(f"{SVG}text").text.endswith("…") and len(entry.find(f"{SVG}text").text) < len(label)
+
+
+def _fit_option(optimizer, precision, strategy, peak, step_s, method="full", rank_checkpointing=False):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from planner.finetune import Method
+
+    scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=128, optimizer=optimizer,
+                                    precision=precision, gradient_checkpointing=rank_checkpointing)
+    scenario = dataclasses.replace(scenario, finetune=dataclasses.replace(scenario.finetune, method=Method(method)))
+    return SimpleNamespace(scenario=scenario, strategy=strategy, peak_bytes=peak, step_time_s=step_s)
+
+
+def _fit_result(options, capacity=16 * GIB):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(options=options, capacity_bytes=capacity)
+
+
+def test_fit_scatter_holds_the_plotly_chart_s_points_legend_and_best():
+    """What fits' SVG scatter against fit_options_figure (the report's chart) on the same plans:
+    each trace's points in the same group, at the same step time and peak, the best ringed."""
+    from planner.strategy import Strategy
+    from views.figures import BEST_NAME, fit_options_figure
+    from views.svg_charts import fit_options_svg
+
+    options = [_fit_option("adamw", "bf16-mixed", Strategy.DDP, 10 * GIB, 1.0),
+               _fit_option("adamw", "bf16-mixed", Strategy.DDP, 11 * GIB, 1.2, rank_checkpointing=True),
+               _fit_option("adamw8bit", "bf16-mixed", Strategy.DDP, 8 * GIB, 1.1),
+               _fit_option("adamw", "fp32", Strategy.ZERO3, 12 * GIB, 2.0),
+               _fit_option("adamw", "fp32", Strategy.ZERO3, 6 * GIB, 2.5, method="lora")]
+    result = _fit_result(options)
+    root = ET.fromstring(fit_options_svg(result))
+    figure = fit_options_figure(result)
+    traces = [t for t in figure.data if t.name not in (BEST_NAME,) and t.legendgroup]
+    drawn = groups(root, "series")
+    assert [(g.get("data-group"), g.get("data-name")) for g in drawn] == [(t.legendgroup, t.name) for t in traces]
+    for group, trace in zip(drawn, traces):
+        points = groups(group, "option")
+        assert [float(p.get("data-step")) for p in points] == list(trace.x)
+        assert [int(p.get("data-bytes")) / GIB for p in points] == list(trace.y)
+    ranks = [int(p.get("data-rank")) for p in groups(root, "option")]
+    assert sorted(ranks) == list(range(1, len(options) + 1))
+    # The legend names every group (two strategies: each entry says which), the best and the capacity.
+    legend = [g.get("data-name") for g in groups(root, "legend-entry")]
+    assert legend[:4] == ["ddp: adamw, bf16-mixed", "ddp: adamw8bit, bf16-mixed", "zero3: adamw, fp32",
+                          "zero3: adamw, fp32, lora"]
+    assert legend[4] == BEST_NAME and legend[5].endswith("16.00 GiB")
+    [best] = [c for c in root.iter(f"{SVG}circle") if c.get("class") == "best"]
+    [first] = [p for p in groups(root, "option") if p.get("data-rank") == "1"]
+    assert hover(best) == hover(first)
+    assert hover(first) == f"#1: ddp, adamw, bf16-mixed, checkpointing off, 2 x 1; peak 10.00 GiB ({10 * GIB:,} bytes), step 1 s"
+    lora = [p for p in groups(root, "option") if p.get("data-rank") == "5"][0]
+    assert "zero3, lora, adamw, fp32" in hover(lora)
+
+
+def test_fit_scatter_colours_by_optimizer_and_shapes_by_precision():
+    from planner.strategy import Strategy
+    from views.svg_charts import fit_options_svg
+
+    options = [_fit_option("adamw", "bf16-mixed", Strategy.SINGLE, 10 * GIB, 1.0),
+               _fit_option("adamw", "fp32", Strategy.SINGLE, 12 * GIB, 2.0),
+               _fit_option("sgd", "bf16-mixed", Strategy.SINGLE, 8 * GIB, 1.1)]
+    root = ET.fromstring(fit_options_svg(_fit_result(options)))
+
+    def mark(rank):
+        [point] = [p for p in groups(root, "option") if p.get("data-rank") == str(rank)]
+        [shape] = [e for e in point if e.tag != f"{SVG}title"]
+        return shape.tag.split("}")[1], shape.get("fill")
+
+    assert mark(1)[1] == mark(2)[1] != mark(3)[1]  # colour: the optimizer
+    assert mark(1)[0] == mark(3)[0] != mark(2)[0]  # symbol: the precision
+    # One strategy: the legend entries are the groups' own names.
+    assert [g.get("data-name") for g in groups(root, "legend-entry")][:3] == [
+        "adamw, bf16-mixed", "adamw, fp32", "sgd, bf16-mixed"]
+
+
+def test_fit_scatter_grows_to_hold_a_long_legend_and_switches_to_log_when_a_plan_dwarfs_another():
+    from planner.strategy import Strategy
+    from views.svg_charts import fit_options_svg
+
+    optimizers = ["adamw", "adafactor", "hf-adafactor", "adamw8bit", "sgd"]
+    precisions = ["fp32", "bf16-mixed", "bf16"]
+    methods = ["full", "lora", "qlora"]
+    options = [_fit_option(o, p, Strategy.SINGLE, (1 + i) * GIB // 4, 1.0 + i, method=m)
+               for i, (o, p, m) in enumerate((o, p, m) for o in optimizers for p in precisions for m in methods)]
+    root = ET.fromstring(fit_options_svg(_fit_result(options)))
+    height = float(root.get("viewBox").split()[3])
+    entries = groups(root, "legend-entry")
+    assert len(entries) == len(options) + 2  # every group, the best, the capacity
+    lowest = max(float(t.get("y")) for g in entries for t in g.iter(f"{SVG}text"))
+    assert lowest < height
+    assert LOG_SCALE_NOTE in "".join(root.itertext())  # 45 plans from 0.25 to 11.25 GiB: over 20x

@@ -236,6 +236,37 @@ def _palette(values, choices) -> dict:
     return {value: choices[i % len(choices)] for i, value in enumerate(distinct)}
 
 
+def fit_palettes(options) -> tuple[dict, dict]:
+    """(optimizer -> colour, precision -> marker symbol) for What fits' scatter, in rank order."""
+    return (_palette([o.scenario.optimizer.value for o in options], OPTIMIZER_COLORS),
+            _palette([o.scenario.precision.value for o in options], PRECISION_SYMBOLS))
+
+
+def fit_groups(options) -> dict[tuple[str, str, str, str], list[tuple[int, object]]]:
+    """(strategy, optimizer, precision, fine-tuning method) -> [(rank from 0, option)], in rank
+    order: one legend entry each on What fits' scatter."""
+    groups: dict[tuple[str, str, str, str], list[tuple[int, object]]] = {}
+    for rank, option in enumerate(options):
+        s = option.scenario
+        groups.setdefault((option.strategy.value, s.optimizer.value, s.precision.value, s.finetune.method.value),
+                          []).append((rank, option))
+    return groups
+
+
+def fit_group_name(optimizer: str, precision: str, method: str) -> str:
+    return f"{optimizer}, {precision}" + ("" if method == "full" else f", {method}")
+
+
+def fit_hover_text(rank: int, option) -> str:
+    """One plan in words, as the scatter's hover shows it (`rank` from 0)."""
+    s = option.scenario
+    checkpointing = "on" if s.checkpointing.value != "none" else "off"
+    method = f"{s.finetune.method.value}, " if s.finetune.uses_adapters else ""
+    return (f"#{rank + 1}: {option.strategy.value}, {method}{s.optimizer.value}, {s.precision.value}, checkpointing "
+            f"{checkpointing}, {s.batch_size} x {s.grad_accum_steps}; peak {format_bytes(option.peak_bytes)} "
+            f"({option.peak_bytes:,} bytes), step {option.step_time_s:.3g} s")
+
+
 def fit_options_figure(result, title: str = "Technique combinations: peak against step time",
                        log_y: bool | None = None) -> go.Figure:
     """One point per combination that fits (planner.fit.FitResult): estimated step time
@@ -244,19 +275,13 @@ def fit_options_figure(result, title: str = "Technique combinations: peak agains
     by strategy, so the plans can be told apart."""
     figure = go.Figure()
     options = result.options
-    colors = _palette([o.scenario.optimizer.value for o in options], OPTIMIZER_COLORS)
-    symbols = _palette([o.scenario.precision.value for o in options], PRECISION_SYMBOLS)
-    groups: dict[tuple[str, str, str, str], list[tuple[int, object]]] = {}
-    for rank, option in enumerate(options):
-        method = option.scenario.finetune.method.value
-        key = (option.strategy.value, option.scenario.optimizer.value, option.scenario.precision.value, method)
-        groups.setdefault(key, []).append((rank, option))
-    for (strategy, optimizer, precision, method), members in groups.items():
+    colors, symbols = fit_palettes(options)
+    for (strategy, optimizer, precision, method), members in fit_groups(options).items():
         figure.add_scatter(
             x=[o.step_time_s for _, o in members],
             y=[bytes_to_gib(o.peak_bytes) for _, o in members],
             mode="markers",
-            name=f"{optimizer}, {precision}" + ("" if method == "full" else f", {method}"),
+            name=fit_group_name(optimizer, precision, method),
             legendgroup=strategy, legendgrouptitle_text=f"strategy: {strategy}",
             marker={"size": 10, "color": colors[optimizer], "symbol": symbols[precision]},
             customdata=[_fit_hover(rank, o) for rank, o in members],

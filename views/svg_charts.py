@@ -1,7 +1,7 @@
-"""The Plan page's two charts as inline SVG drawn on the server: memory by phase (stacked
-bars) and peak against batch size (a line per technique), with the same data, colours,
-capacity line, log-scale rule and "your plan" star as their Plotly versions in views.figures
-(which the report and the other pages draw).
+"""The Plan page's two charts and What fits' scatter as inline SVG drawn on the server: memory
+by phase (stacked bars), peak against batch size (a line per technique) and peak against step
+time (a point per plan), with the same data, colours, capacity line, log-scale rule and marks
+as their Plotly versions in views.figures (which the report and the other pages draw).
 
 Why not Plotly here: the Plan page is the first page of every session. Plotly's chunk is
 4.5 MiB of JavaScript that each new browser session fetched and compiled before its charts
@@ -27,6 +27,7 @@ from planner.units import bytes_to_gib, format_bytes
 from views.breakdown import category_labels
 from views.escaping import svg_text
 from views.figures import (
+    BEST_NAME,
     CAPACITY_COLOR,
     CATEGORY_COLORS,
     CURRENT_COLOR,
@@ -34,6 +35,10 @@ from views.figures import (
     LOG_SCALE_NOTE,
     capacity_label,
     current_label,
+    fit_group_name,
+    fit_groups,
+    fit_hover_text,
+    fit_palettes,
     phase_title,
     wants_log_y,
 )
@@ -96,9 +101,10 @@ def _tick_label(value: float) -> str:
     return f"{value:,.3g}"
 
 
-def _frame(title: str, x_title: str, y_title: str, y_axis: _Axis, x_ticks: list[tuple[float, str]]) -> list[str]:
+def _frame(title: str, x_title: str, y_title: str, y_axis: _Axis, x_ticks: list[tuple[float, str]],
+           height: int = HEIGHT) -> list[str]:
     """Title, gridlines with y labels, x tick labels and axis titles."""
-    bottom, right = HEIGHT - BOTTOM, WIDTH - RIGHT
+    bottom, right = height - BOTTOM, WIDTH - RIGHT
     parts = [f"<text x='{LEFT}' y='22' font-size='15' fill='#1f2937' {FONT}>{svg_text(title)}</text>"]
     for value in y_axis.ticks():
         y = y_axis.px(value)
@@ -109,7 +115,7 @@ def _frame(title: str, x_title: str, y_title: str, y_axis: _Axis, x_ticks: list[
     for x, label in x_ticks:
         parts.append(f"<text x='{x:.1f}' y='{bottom + 16}' font-size='11' text-anchor='middle' fill='#4b5563' "
                      f"{FONT}>{svg_text(label)}</text>")
-    parts.append(f"<text x='{(LEFT + right) / 2:.1f}' y='{HEIGHT - 12}' font-size='12' text-anchor='middle' "
+    parts.append(f"<text x='{(LEFT + right) / 2:.1f}' y='{height - 12}' font-size='12' text-anchor='middle' "
                  f"fill='#374151' {FONT}>{svg_text(x_title)}</text>")
     middle = (TOP + bottom) / 2
     parts.append(f"<text x='14' y='{middle:.1f}' font-size='12' text-anchor='middle' fill='#374151' {FONT} "
@@ -128,6 +134,10 @@ def _legend(title: str, entries: list[tuple[str, str, str]]) -> list[str]:
             swatch = f"<rect x='{x}' y='{y - 9}' width='14' height='10' fill='{color}'/>"
         elif kind == "star":
             swatch = _star(x + 7, y - 4, 6, color)
+        elif kind.startswith("marker:"):
+            swatch = _marker(x + 7, y - 4, 5, color, kind.split(":", 1)[1])
+        elif kind == "ring":
+            swatch = f"<circle cx='{x + 7}' cy='{y - 4}' r='6' fill='none' stroke='{color}' stroke-width='2'/>"
         else:
             dash = " stroke-dasharray='5 3'" if kind == "dash" else ""
             swatch = f"<line x1='{x}' x2='{x + 16}' y1='{y - 4}' y2='{y - 4}' stroke='{color}' stroke-width='2'{dash}/>"
@@ -148,6 +158,27 @@ def _capacity(y_axis: _Axis, capacity_bytes: int | None) -> tuple[list[str], lis
     return [line], [(label, CAPACITY_COLOR, "dash")]
 
 
+def _marker(cx: float, cy: float, radius: float, color: str, symbol: str) -> str:
+    """One of views.figures.PRECISION_SYMBOLS (Plotly's names) at (cx, cy)."""
+    r = radius
+    if symbol == "square":
+        return f"<rect x='{cx - r:.1f}' y='{cy - r:.1f}' width='{2 * r:.1f}' height='{2 * r:.1f}' fill='{color}'/>"
+    if symbol == "diamond":
+        points = f"{cx:.1f},{cy - r * 1.3:.1f} {cx + r * 1.3:.1f},{cy:.1f} {cx:.1f},{cy + r * 1.3:.1f} {cx - r * 1.3:.1f},{cy:.1f}"
+        return f"<polygon points='{points}' fill='{color}'/>"
+    if symbol == "triangle-up":
+        points = f"{cx:.1f},{cy - r * 1.2:.1f} {cx + r * 1.2:.1f},{cy + r:.1f} {cx - r * 1.2:.1f},{cy + r:.1f}"
+        return f"<polygon points='{points}' fill='{color}'/>"
+    if symbol in ("cross", "x"):
+        turn = f" transform='rotate(45 {cx:.1f} {cy:.1f})'" if symbol == "x" else ""
+        return (f"<polygon points='{cx - r / 3:.1f},{cy - r:.1f} {cx + r / 3:.1f},{cy - r:.1f} {cx + r / 3:.1f},"
+                f"{cy - r / 3:.1f} {cx + r:.1f},{cy - r / 3:.1f} {cx + r:.1f},{cy + r / 3:.1f} {cx + r / 3:.1f},"
+                f"{cy + r / 3:.1f} {cx + r / 3:.1f},{cy + r:.1f} {cx - r / 3:.1f},{cy + r:.1f} {cx - r / 3:.1f},"
+                f"{cy + r / 3:.1f} {cx - r:.1f},{cy + r / 3:.1f} {cx - r:.1f},{cy - r / 3:.1f} {cx - r / 3:.1f},"
+                f"{cy - r / 3:.1f}' fill='{color}'{turn}/>")
+    return f"<circle cx='{cx:.1f}' cy='{cy:.1f}' r='{r:.1f}' fill='{color}'/>"
+
+
 def _star(cx: float, cy: float, radius: float, color: str) -> str:
     points = []
     for k in range(10):
@@ -157,11 +188,11 @@ def _star(cx: float, cy: float, radius: float, color: str) -> str:
     return f"<polygon points='{' '.join(points)}' fill='{color}' stroke='#ffffff' stroke-width='1'/>"
 
 
-def _svg(label: str, parts: list[str]) -> str:
+def _svg(label: str, parts: list[str], height: int = HEIGHT) -> str:
     """The chart as one CommonMark HTML block (type 7: an open tag alone on its first line, no
     blank line until its end), so that a Markdown renderer passes it on whole: on one line it
     would be a paragraph, and Markdown in a name (`[text](url)`) would become a link inside it."""
-    return (f"<svg class='plan-chart' xmlns='http://www.w3.org/2000/svg' viewBox='0 0 {WIDTH} {HEIGHT}' "
+    return (f"<svg class='plan-chart' xmlns='http://www.w3.org/2000/svg' viewBox='0 0 {WIDTH} {height}' "
             f"width='100%' role='img' aria-label='{svg_text(label)}' style='max-width:{WIDTH * 1.4:.0f}px'>\n"
             + "\n".join(parts) + "\n</svg>")
 
@@ -261,3 +292,48 @@ def memory_vs_batch_svg(series: dict[str, list[tuple[int, int | None]]], capacit
         entries.append((current_label(batch), CURRENT_COLOR, "star"))
     parts += _legend("technique", entries + capacity_entry)
     return _svg(title, parts)
+
+
+def fit_options_svg(result, title: str = "Technique combinations: peak against step time") -> str:
+    """What fits' scatter (views.figures.fit_options_figure's chart): one point per combination
+    that fits (planner.fit.FitResult), estimated step time against peak (GiB), colour by
+    optimizer, symbol by precision, a legend entry per strategy, optimizer, precision and
+    method (the Plotly chart's traces), the best plan ringed and the capacity line. The chart
+    grows taller when its legend needs the room."""
+    options = result.options
+    colors, symbols = fit_palettes(options)
+    groups = fit_groups(options)
+    strategies = {strategy for strategy, *_ in groups}
+    entries = [((f"{strategy}: " if len(strategies) > 1 else "") + fit_group_name(optimizer, precision, method),
+                colors[optimizer], f"marker:{symbols[precision]}", strategy)
+               for strategy, optimizer, precision, method in groups]
+    height = max(HEIGHT, TOP + 24 + 20 * (len(entries) + 2) + 8)
+    gib = [bytes_to_gib(o.peak_bytes) for o in options]
+    capacity = getattr(result, "capacity_bytes", None)
+    y_axis = _Axis(gib + ([bytes_to_gib(capacity)] if capacity is not None else []), height - BOTTOM, TOP,
+                   log=wants_log_y([[v] for v in gib]))
+    x_axis = _Axis([o.step_time_s for o in options], LEFT + 16, WIDTH - RIGHT - 16, log=False)
+    y_title = "peak GiB (2^30 bytes)" + (LOG_SCALE_NOTE if y_axis.log else "")
+    parts = _frame(title, "estimated step time (s)", y_title, y_axis,
+                   [(x_axis.px(t), _tick_label(t)) for t in x_axis.ticks()], height)
+    for (strategy, optimizer, precision, method), members in groups.items():
+        name = fit_group_name(optimizer, precision, method)
+        parts.append(f"<g class='series' data-name='{svg_text(name)}' data-group='{svg_text(strategy)}'>")
+        for rank, option in members:
+            x, y = x_axis.px(option.step_time_s), y_axis.px(bytes_to_gib(option.peak_bytes))
+            parts.append(f"<g class='option' data-rank='{rank + 1}' data-bytes='{option.peak_bytes}' "
+                         f"data-step='{option.step_time_s!r}'>{_marker(x, y, 5, colors[optimizer], symbols[precision])}"
+                         f"<title>{svg_text(fit_hover_text(rank, option))}</title></g>")
+        parts.append("</g>")
+    if options:
+        best = options[0]
+        x, y = x_axis.px(best.step_time_s), y_axis.px(bytes_to_gib(best.peak_bytes))
+        parts.append(f"<circle class='best' data-rank='1' cx='{x:.1f}' cy='{y:.1f}' r='10' fill='none' "
+                     f"stroke='{CAPACITY_COLOR}' stroke-width='2'><title>{svg_text(fit_hover_text(0, best))}</title>"
+                     "</circle>")
+    capacity_parts, capacity_entry = _capacity(y_axis, capacity)
+    parts += capacity_parts
+    legend = [(label, color, kind) for label, color, kind, _ in entries]
+    parts += _legend("optimizer, precision",
+                     legend + [(BEST_NAME, CAPACITY_COLOR, "ring")] + capacity_entry)
+    return _svg(title, parts, height)

@@ -163,7 +163,10 @@ MIXED_PRECISION = {Precision.FP32: "no", Precision.BF16: "no", Precision.BF16_MI
                    Precision.FP16_MIXED: "fp16"}
 
 
-def fresh_accelerator(scenario: Scenario, cpu: bool, **kwargs):
+def fresh_accelerator(scenario: Scenario, cpu: bool, cuda_kernels: bool = False, **kwargs):
+    """The Accelerator of a run of `scenario`, on the CPU (`cpu`) or a GPU. `cuda_kernels`: the
+    step runs on fake CPU tensors with CUDA's kernels (planner.probe.fake_cuda), and autocasts as
+    accelerate does on a GPU (`autocast_as_on_cuda`)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, GradientState
 
@@ -173,6 +176,26 @@ def fresh_accelerator(scenario: Scenario, cpu: bool, **kwargs):
     GradientState._reset_state()
     # device_placement=False: the caller has put the model and batches where they belong,
     # and a `.to()` of a fake-tensor model (simulate mode) fails on swapping parameters.
-    return Accelerator(mixed_precision=MIXED_PRECISION[scenario.precision],
-                       gradient_accumulation_steps=scenario.grad_accum_steps, cpu=cpu, device_placement=False,
-                       **kwargs)
+    accelerator = Accelerator(mixed_precision=MIXED_PRECISION[scenario.precision],
+                              gradient_accumulation_steps=scenario.grad_accum_steps, cpu=cpu, device_placement=False,
+                              **kwargs)
+    if cuda_kernels:
+        autocast_as_on_cuda(accelerator, scenario)
+    return accelerator
+
+
+def autocast_as_on_cuda(accelerator, scenario: Scenario) -> None:
+    """Make a CPU Accelerator autocast `scenario`'s precision as accelerate does on a GPU, before
+    `prepare` wraps the model's forward.
+
+    accelerate autocasts bf16-mixed on either device, but fp16-mixed only off the CPU
+    (Accelerator.__init__ sets `native_amp` for fp16 when the device is not "cpu"): on a CPU it
+    runs fp32, so a CUDA plan's step on fake CPU tensors took fp32's activations. With
+    `native_amp` on, `prepare` wraps the forward in torch.autocast("cpu", dtype=torch.float16)
+    and returns fp32 outputs, as on a GPU; planner.probe.fake_cuda gives autocast CUDA's op lists.
+    Its GradScaler is not built: the scaler's step reads `found_inf` with `.item()`, which a fake
+    tensor cannot answer, and what it allocates are 0-dim tensors (the scale and its growth
+    tracker, kept; the scaled loss, `found_inf` and the inverse scale during the step), one
+    512-byte block each on CUDA (torch/amp/grad_scaler.py)."""
+    if scenario.precision is Precision.FP16_MIXED:
+        accelerator.native_amp = True

@@ -24,7 +24,7 @@ from planner.config_identity import config_table_digest
 from planner.finetune import Method
 from planner.model_shape import ModelShape
 from planner.probe.table import ProbeTable
-from planner.scenario import Checkpointing, Device, Engine, Scenario, Task
+from planner.scenario import Checkpointing, Device, Engine, Precision, Scenario, Task
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "catalog" / "probes"
 # Bumped whenever what a probe records or how it is solved changes: older tables are not read.
@@ -111,6 +111,9 @@ def probe_gpu(scenario: Scenario) -> str | None:
     return CUDA_PROBE_ARCH if scenario.device is Device.CUDA else None
 
 
+FP16_AUTOCAST = "autocast=fp16"  # a CUDA fp16-mixed class probed under autocast (technique_key)
+
+
 def technique_key(shape: ModelShape, scenario: Scenario) -> str:
     labels = scenario.num_labels if scenario.task.uses_labels else 0
     parts = [scenario.task.value, f"labels={labels}", scenario.precision.value,
@@ -126,6 +129,11 @@ def technique_key(shape: ModelShape, scenario: Scenario) -> str:
              # previous micro-batch's leaf and gradient (planner.probe.memtracker) and are not read.
              *(["grad-hooks=released"] if scenario.finetune.uses_adapters
                and scenario.checkpointing is Checkpointing.EVERY_LAYER else []),
+             # accelerate runs fp16-mixed as fp32 on a CPU: CUDA tables recorded before the probe
+             # autocast it as on a GPU (planner.probe.build.autocast_as_on_cuda) held fp32's
+             # activations, and are not read.
+             *([FP16_AUTOCAST] if scenario.device is Device.CUDA and scenario.precision is Precision.FP16_MIXED
+               else []),
              *([f"cuda-kernels={probe_gpu(scenario)}"] if scenario.device is Device.CUDA else []),
              f"probe-format={CUDA_PROBE_FORMAT if scenario.device is Device.CUDA else PROBE_FORMAT}",
              library_versions()]

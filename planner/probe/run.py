@@ -279,7 +279,8 @@ def record_probes(config_dict: dict, config, scenario: Scenario, layout: Layout,
     depths = stack_depths(config, scenario.task)
     prefixes = block_prefixes(model, layout, depths)
     stacks = tuple((prefix, sum(depths[:i])) for i, prefix in enumerate(prefixes))  # first block's number
-    accelerator = fresh_accelerator(dataclasses.replace(scenario, grad_accum_steps=1), cpu=True)
+    accelerator = fresh_accelerator(dataclasses.replace(scenario, grad_accum_steps=1), cpu=True,
+                                    cuda_kernels=gpu is not None)
     model = accelerator.prepare(model)  # autocast and fp32 outputs, as the loops run the model
     recordings = []
     sizes = probe_sizes(scenario)
