@@ -269,3 +269,31 @@ def test_the_search_reports_progress_and_runs_once_per_server(monkeypatch):
     assert not [e for e in first.main if type(e).__name__ == "Progress"]
     what_fits()
     assert len(searches) == 1
+
+
+def test_the_chart_follows_the_lora_checkbox():
+    """The scatter is cached per search inputs, the LoRA checkbox among them: ticked after an
+    unticked search, the chart shows the LoRA and QLoRA plans the table gains (it was served
+    the unticked search's chart before)."""
+    at = AppTest.from_file(str(APP), default_timeout=180)
+    at.session_state["catalog_model"] = "gpt2"
+    at.session_state["task"] = "causal-lm"
+    at.session_state["fit_search_adapters"] = False
+    at.run()
+    at.switch_page("app_pages/what_fits.py").run()
+    assert not at.exception, at.exception
+
+    def drawn_methods():
+        [chart] = plan_charts(at)
+        names = [g.get("data-name") for g in chart.iter(f"{SVG}g") if g.get("class") == "series"]
+        return {name.split(", ")[2] if name.count(", ") == 2 else "full" for name in names}
+
+    def table_methods():
+        return {method.split()[0] for method in at.dataframe[0].value["method"]}  # "lora r16": lora
+
+    assert drawn_methods() == {"full"} == table_methods()
+    at.checkbox(key="fit_search_adapters").check().run()
+    assert not at.exception, at.exception
+    table_methods = table_methods()
+    assert {"lora", "qlora"} & table_methods
+    assert drawn_methods() == table_methods
