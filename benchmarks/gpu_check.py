@@ -133,6 +133,11 @@ SCENARIOS = [
              dict(CAUSAL, optimizer="sgd", attn="eager"), expandable=True),
     scenario("gpt2-adafactor-bf16", "gpt2", "Adafactor (torch), pure bf16",
              dict(CAUSAL, optimizer="adafactor", precision="bf16")),
+    # fp16 autocast with accelerate's GradScaler, what a T4 or V100 trains in: planned under
+    # autocast on CUDA's kernels since 2026-12-05 (an fp32 step before), the scaler's 0-dim
+    # tensors left out (planner.probe.build.autocast_as_on_cuda).
+    scenario("gpt2-adamw-fp16", "gpt2", "AdamW, fp16 autocast with GradScaler, SDPA, dropout on",
+             dict(CAUSAL, optimizer="adamw", precision="fp16-mixed")),
     scenario("smollm2-adamw-bf16", "smollm2-360m", "AdamW, bf16 autocast, SDPA, dropout off",
              dict(CAUSAL, optimizer="adamw", precision="bf16-mixed")),
     scenario("smollm2-adamw-bf16-exp", "smollm2-360m", "AdamW, bf16 autocast, SDPA, dropout off, expandable",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check (benchmarks/gpu_check.py): every CUDA measurement the project
 # needs, in one run under 8 minutes on one H100/H200 (about 4-5 minutes expected):
-# 20 scenarios in child processes (recorded in the run history; one not started within the
+# 21 scenarios in child processes (recorded in the run history; one not started within the
 # 5.5-minute budget is recorded as skipped, and `--only ID,...` runs it next), the allocator check
 # (benchmarks/allocator_gpu_check.py) and the fake-CUDA check
 # (scripts/check_fake_cuda_on_gpu.py --steps). Writes benchmarks/results/gpu_check.{json,md}

@@ -173,7 +173,7 @@ def test_the_matrix_covers_every_technique_family_engine_and_allocator_setting()
     values = [s["values"] for s in specs]
     assert {v["optimizer"] for v in values} >= {"adamw", "adamw-fused", "sgd", "adafactor", "hf-adafactor",
                                                  "adam8bit", "adamw8bit", "paged-adamw8bit"}
-    assert {v.get("precision", "fp32") for v in values} == {"fp32", "bf16-mixed", "bf16"}
+    assert {v.get("precision", "fp32") for v in values} == {"fp32", "bf16-mixed", "bf16", "fp16-mixed"}
     assert any(v.get("gradient_checkpointing") for v in values) and any(v.get("grad_accum", 1) > 1 for v in values)
     assert {v.get("attn", "sdpa") for v in values} == {"sdpa", "eager"}
     dropout = {catalog_config(s["model"]).get("attention_dropout", catalog_config(s["model"]).get("attn_pdrop", 0.0))
