@@ -24,7 +24,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import browser_speed  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "element_kind_cost.md"
-FLOOR = 'st.success("Fits: a page of one alert and one metric")\nst.metric("Peak", "1.00 GiB")\n'
 SVG = ("<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 40 10' width='100%'>"
        "<rect width='8' height='8'><title>a bar</title></rect></svg>")
 # Each kind as the dashboard draws it (app.py's sidebar, the Plan page).
@@ -48,7 +47,8 @@ def main() -> int:
     before = browser_speed.loadavg()
     rows = []
     for kind, code in KINDS.items():
-        result = browser_speed.streamlit_floor(args.later, "import streamlit as st\n\n" + code + FLOOR)
+        # The floor page itself, with the kind's element after its alert and metric.
+        result = browser_speed.streamlit_floor(args.later, browser_speed.FLOOR_APP + code)
         lazy = statistics.median(run["lazy_js_files"] for run in result["later_session_runs"])
         rows.append((kind, result["first_session_s"], result["later_sessions"]["p50_s"], lazy))
         print(f"{kind}: first {rows[-1][1]:.3f} s, later p50 {rows[-1][2]:.3f} s, {lazy:g} JS files", flush=True)

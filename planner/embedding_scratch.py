@@ -52,7 +52,6 @@ from planner import cub_temporaries as cub
 from planner.cuda_allocator import FREE, Event
 
 
-
 @dataclass(frozen=True)
 class EmbeddingBackward:
     """One `embedding_dense_backward` as the probe marked it, its sizes at one (b, s)."""

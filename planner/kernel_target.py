@@ -13,7 +13,6 @@ from planner.cuda_allocator import Event
 from planner.embedding_scratch import EmbeddingBackward
 
 
-
 @dataclass(frozen=True)
 class KernelTarget:
     """The GPU (compute capability and SM count; None: not known) and torch build."""

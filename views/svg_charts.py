@@ -303,13 +303,13 @@ def fit_options_svg(result, title: str = "Technique combinations: peak against s
     options = result.options
     colors, symbols = fit_palettes(options)
     groups = fit_groups(options)
-    strategies = {strategy for strategy, *_ in groups}
-    entries = [((f"{strategy}: " if len(strategies) > 1 else "") + fit_group_name(optimizer, precision, method),
-                colors[optimizer], f"marker:{symbols[precision]}", strategy)
-               for strategy, optimizer, precision, method in groups]
-    height = max(HEIGHT, TOP + 24 + 20 * (len(entries) + 2) + 8)
+    several = len({strategy for strategy, *_ in groups}) > 1  # then each entry names its strategy
+    legend = [((f"{strategy}: " if several else "") + fit_group_name(optimizer, precision, method),
+               colors[optimizer], f"marker:{symbols[precision]}")
+              for strategy, optimizer, precision, method in groups]
+    height = max(HEIGHT, TOP + 24 + 20 * (len(legend) + 2) + 8)  # every group, the best, the capacity
     gib = [bytes_to_gib(o.peak_bytes) for o in options]
-    capacity = getattr(result, "capacity_bytes", None)
+    capacity = result.capacity_bytes
     y_axis = _Axis(gib + ([bytes_to_gib(capacity)] if capacity is not None else []), height - BOTTOM, TOP,
                    log=wants_log_y([[v] for v in gib]))
     x_axis = _Axis([o.step_time_s for o in options], LEFT + 16, WIDTH - RIGHT - 16, log=False)
@@ -333,7 +333,5 @@ def fit_options_svg(result, title: str = "Technique combinations: peak against s
                      "</circle>")
     capacity_parts, capacity_entry = _capacity(y_axis, capacity)
     parts += capacity_parts
-    legend = [(label, color, kind) for label, color, kind, _ in entries]
-    parts += _legend("optimizer, precision",
-                     legend + [(BEST_NAME, CAPACITY_COLOR, "ring")] + capacity_entry)
+    parts += _legend("optimizer, precision", legend + [(BEST_NAME, CAPACITY_COLOR, "ring")] + capacity_entry)
     return _svg(title, parts, height)
