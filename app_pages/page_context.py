@@ -4,13 +4,11 @@ rerun, with bad input shown as one error line (the page then stops drawing, the 
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -18,6 +16,7 @@ from typing import TypeVar
 import streamlit as st
 
 from app_pages.model_cache import cached_hub_config, cached_model_shape
+from app_pages.shared_results import SharedResults
 from planner.config_task import config_task
 from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
@@ -78,8 +77,7 @@ class PageContext:
     @functools.cached_property
     def scenario_key(self) -> str:
         """What every number on a page follows from: the sidebar's values and the model's config,
-        as one digest. A string, because Streamlit's cache hashes its arguments on every call, and
-        the values' dataclass cost it 1.5 ms a call, six calls a render (benchmarks/browser_speed.py)."""
+        as one digest: a short key for the results sessions share (app_pages.shared_results)."""
         return hashlib.sha256(f"{self.values!r}|{self.config_digest}".encode()).hexdigest()
 
     def scenario_key_apart_from(self, field: str) -> str:
@@ -122,19 +120,27 @@ def load_context() -> PageContext | None:
 T = TypeVar("T")
 
 
-# Shown only while a result is computed, never when it is served from the cache: the first
-# LoRA or CPU-kernel plan of a model probes its training step, seconds per technique class.
-@st.cache_resource(max_entries=512, show_spinner="Computing (a model's first LoRA or CPU plans probe its own "
-                                                 "training step on fake tensors: seconds per technique)…")
-def _per_scenario(kind: str, key: tuple, _build: Callable[[], object]) -> object:
-    return _build()  # `_build` is not hashed (Streamlit skips arguments named with "_")
+# Shown only while a result is computed, never when it is served: the first LoRA or CPU-kernel
+# plan of a model probes its training step, seconds per technique class.
+_COMPUTING = "Computing (a model's first LoRA or CPU plans probe its own training step on fake tensors: " \
+             "seconds per technique)…"
+_PER_SCENARIO = SharedResults(kept=512)
+
+
+def _per_scenario(kind: str, key: tuple, build: Callable[[], T]) -> T:
+    hit, result = _PER_SCENARIO.found((kind, *key))
+    if hit:
+        return result  # type: ignore[return-value]
+    with st.spinner(_COMPUTING):
+        return _PER_SCENARIO.get((kind, *key), build)
 
 
 def cached_for_scenario(context: PageContext, kind: str, build: Callable[[], T], *inputs) -> T:
     """`build()` once per server for the same sidebar scenario, model and page `inputs`: every
-    session re-renders its page on each change, and the charts' dozens of estimates and their
-    Plotly figures are the same for every session with the same inputs. `build` must depend on
-    nothing else (never on the run history), and its result is shared: never mutate it."""
+    session re-renders its page on each change, and the charts' dozens of estimates, the
+    allocator's replays and the tables are the same for every session with the same inputs.
+    `build` must depend on nothing else (never on the run history) and draw nothing (only the
+    session computing it would see it), and its result is shared: never mutate it."""
     return _per_scenario(kind, (context.scenario_key, *inputs), build)  # type: ignore[return-value]
 
 
@@ -167,12 +173,8 @@ def combination_progress(label: str) -> Iterator[Callable[[int, int], None]]:
         bar.empty()
 
 
-# Long searches (What fits), server-wide by scenario and page inputs: computed outside
-# st.cache_resource, whose cached-element replay refuses a progress bar made outside the cached
-# function and updated from inside it (CacheReplayClosureError on the next session's hit).
-_SEARCHES: collections.OrderedDict[tuple, object] = collections.OrderedDict()
-_SEARCHES_KEPT = 64
-_SEARCHES_LOCK = threading.Lock()
+# Long searches (What fits), server-wide by scenario and page inputs, each with its own progress bar.
+_SEARCHES = SharedResults(kept=64)
 
 
 def searched_with_progress(context: PageContext, kind: str, label: str,
@@ -182,17 +184,11 @@ def searched_with_progress(context: PageContext, kind: str, label: str,
     total)` moves it. Its result is shared: never mutate it. Two sessions asking at once may
     both search (each is told its own progress); the first result kept is served after."""
     key = (kind, context.scenario_key, *inputs)
-    with _SEARCHES_LOCK:
-        if key in _SEARCHES:
-            _SEARCHES.move_to_end(key)
-            return _SEARCHES[key]  # type: ignore[return-value]
+    hit, result = _SEARCHES.found(key)
+    if hit:
+        return result  # type: ignore[return-value]
     with combination_progress(label) as progress:
-        result = search(progress)
-    with _SEARCHES_LOCK:
-        result = _SEARCHES.setdefault(key, result)
-        if len(_SEARCHES) > _SEARCHES_KEPT:
-            _SEARCHES.popitem(last=False)
-    return result  # type: ignore[return-value]
+        return _SEARCHES.keep(key, search(progress))
 
 
 _WAITING = {

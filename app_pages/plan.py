@@ -59,7 +59,7 @@ def _batch_series(context, sizes: list[int]):
         # precision, optimizer) then draws the lines from the cache instead of estimating them again.
         series, unprobed = memory_vs_batch_known(shape, base, CHART_BATCH_SIZES)
         if unprobed:
-            raise _Incomplete((series, unprobed))  # Streamlit caches no raised result
+            raise _Incomplete((series, unprobed))  # nothing is kept for a raised result
         return series
 
     try:
@@ -145,10 +145,12 @@ def render() -> None:
     # Markdown tables, not st.dataframe or st.table: a few rows need no grid, and an Arrow table
     # fetches 1.2 MiB more JavaScript per session before the page is complete; the grid's canvas
     # kept every sidebar change's page moving for 200 ms more (benchmarks/browser_speed.py).
-    st.markdown(markdown_table(with_byte_separators(breakdown_table(per_gpu)), right=BYTE_COLUMNS))
+    st.markdown(cached_for_scenario(context, "plan breakdown table", lambda: markdown_table(
+        with_byte_separators(breakdown_table(per_gpu)), right=BYTE_COLUMNS)))
     if verdict.overheads is not None:
         with st.expander("Allocated, reserved and CUDA overheads", expanded=False):
-            st.markdown(markdown_table(with_byte_separators(verdict_table(verdict)), right=BYTE_COLUMNS))
+            st.markdown(cached_for_scenario(context, "plan verdict table", lambda: markdown_table(
+                with_byte_separators(verdict_table(verdict)), right=BYTE_COLUMNS)))
             if verdict.caveat:
                 st.caption(f"Reserved memory: {verdict.caveat}. Each overhead says whether it was measured "
                            "or documented (docs/cuda_overheads.md).")

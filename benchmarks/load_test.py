@@ -9,6 +9,9 @@ table and both charts are recomputed and sent. A re-render's time runs from send
 widget change to receiving script_finished: server-side script time plus the transport of
 every delta, as a browser sees it (minus its own drawing).
 
+The server's CPU time over the same phase (/proc, Linux) divided by the renders made is the
+work one render costs it: the percentiles also follow whatever else the two cores run.
+
 Any exception element, a run that does not finish successfully, or a session that fails
 counts as an error. Bounded: N x R re-renders, each under --render-timeout-s, the whole
 run under --budget-s.
@@ -158,6 +161,16 @@ def start_server(port: int, data_dir: str, script: Path | None = None) -> subpro
     raise RuntimeError("the streamlit server did not answer /_stcore/health in 60 s")
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds a process has used so far, all its threads (Linux's
+    /proc/<pid>/stat, fields 14 and 15, in clock ticks); None where there is no /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_load_test(sessions: int = 20, rerenders: int = 5, render_timeout_s: float = 60.0,
                   budget_s: float = 300.0) -> tuple[dict, list[str], int]:
     """(summary, errors, sessions unfinished) of one load test on a freshly started server."""
@@ -169,9 +182,9 @@ def run_load_test(sessions: int = 20, rerenders: int = 5, render_timeout_s: floa
             t0 = time.perf_counter()
             asyncio.run(drive(url, 1, 1, 120.0, 180.0))  # warm: imports, catalog, first shape build
             warm_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), process_cpu_s(server.pid)
             results, errors, unfinished = asyncio.run(drive(url, sessions, rerenders, render_timeout_s, budget_s))
-            wall = time.perf_counter() - t0
+            wall, cpu1 = time.perf_counter() - t0, process_cpu_s(server.pid)
         finally:
             stop_server(server)
 
@@ -186,6 +199,10 @@ def run_load_test(sessions: int = 20, rerenders: int = 5, render_timeout_s: floa
         "re-render mean (s)": round(statistics.fmean(times), 3) if times else None,
         "first render p95 (s)": round(percentile(firsts, 95), 3),
         "wall time (s)": round(wall, 1), "server warm-up render (s)": round(warm_s, 1),
+        # The server's own work, first renders included: steadier from run to run than the
+        # percentiles, which follow whatever else the two cores run meanwhile.
+        "server CPU per render (ms)": None if cpu0 is None or cpu1 is None or not results else
+        round(1000 * (cpu1 - cpu0) / (len(times) + len(firsts)), 1),
     }
     return summary, errors, unfinished
 

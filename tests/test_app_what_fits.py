@@ -245,8 +245,9 @@ def test_the_search_reports_progress_and_runs_once_per_server(monkeypatch):
     searched_with_progress)."""
     import app_pages.page_context as page_context
     import planner.fit
+    from app_pages.shared_results import SharedResults
 
-    monkeypatch.setattr(page_context, "_SEARCHES", type(page_context._SEARCHES)())
+    monkeypatch.setattr(page_context, "_SEARCHES", SharedResults(kept=64))
     told, searches = [], []
     real = planner.fit.find_fits
 
