@@ -1,5 +1,5 @@
-"""Model shapes for the dashboard behind st.cache_resource, keyed on the config's text,
-and hub configs behind st.cache_data, keyed on the model id.
+"""Model shapes for the dashboard, shared by every session and keyed on the config's text
+(app_pages.shared_results), and hub configs behind st.cache_data, keyed on the model id.
 
 Building a shape takes up to a second (transformers on the meta device), and every
 widget change reruns the page, so one (config, task, labels) is built once per server.
@@ -14,6 +14,7 @@ import json
 
 import streamlit as st
 
+from app_pages.shared_results import SharedResults
 from planner.config_source import HUB_TIMEOUT_S, config_from_hub, configured_hub_url
 from planner.errors import PlannerInputError
 from planner.loading import model_shape_for_config
@@ -21,9 +22,13 @@ from planner.model_shape import ModelShape
 from planner.scenario import Scenario, Task
 
 
-@st.cache_resource(max_entries=32, show_spinner="Building the model's parameter shapes…")
+_SHAPES = SharedResults(kept=32)
+
+
 def _shape_for(config_json: str, task: str, num_labels: int, name: str) -> ModelShape:
-    return model_shape_for_config(json.loads(config_json), Task(task), num_labels, name)
+    return _SHAPES.get((config_json, task, num_labels, name),
+                       lambda: model_shape_for_config(json.loads(config_json), Task(task), num_labels, name),
+                       computing=lambda: st.spinner("Building the model's parameter shapes…"))
 
 
 def cached_model_shape(config: dict, name: str, scenario: Scenario) -> ModelShape:

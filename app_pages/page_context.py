@@ -128,11 +128,7 @@ _PER_SCENARIO = SharedResults(kept=512)
 
 
 def _per_scenario(kind: str, key: tuple, build: Callable[[], T]) -> T:
-    hit, result = _PER_SCENARIO.found((kind, *key))
-    if hit:
-        return result  # type: ignore[return-value]
-    with st.spinner(_COMPUTING):
-        return _PER_SCENARIO.get((kind, *key), build)
+    return _PER_SCENARIO.get((kind, *key), build, computing=lambda: st.spinner(_COMPUTING))
 
 
 def cached_for_scenario(context: PageContext, kind: str, build: Callable[[], T], *inputs) -> T:

@@ -2,17 +2,19 @@
 used dropped first.
 
 A dictionary and locks, not st.cache_resource: Streamlit's cache hashes its arguments and
-records the elements a cached function draws on every call, hit or miss, and the Plan page
-asks it six times a render; under 20 concurrent sessions that bookkeeping was 8% of the
-server's time (`benchmarks/load_test.py`, profiled with py-spy). Nothing computed here draws
-an element, so there is nothing to record.
+sets up the replay of the elements a cached function draws on every call, and the Plan page
+asks it half a dozen times a render, for every session; nothing computed here draws an
+element, so there is nothing to replay. What a render costs the server is measured by
+`benchmarks/load_test.py` (server CPU per render).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 from collections.abc import Callable, Hashable
+from contextlib import AbstractContextManager
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -21,7 +23,8 @@ T = TypeVar("T")
 class SharedResults:
     """`get(key, compute)`: the result kept for `key`, or `compute()`'s, then kept (at most
     `kept` results). Two sessions asking for the same missing key at once compute it once:
-    the second waits for the first. A computation that raises keeps nothing."""
+    the second waits for the first. A computation that raises keeps nothing. `computing`
+    (e.g. a spinner) is entered only while a result is missing."""
 
     def __init__(self, kept: int):
         self._kept = kept
@@ -37,13 +40,14 @@ class SharedResults:
                 return True, self._results[key]
         return False, None
 
-    def get(self, key: Hashable, compute: Callable[[], T]) -> T:
+    def get(self, key: Hashable, compute: Callable[[], T],
+            computing: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> T:
         hit, result = self.found(key)
         if hit:
             return result  # type: ignore[return-value]
         with self._lock:
-            computing = self._computing.setdefault(key, threading.Lock())
-        with computing:
+            lock = self._computing.setdefault(key, threading.Lock())
+        with computing(), lock:
             hit, result = self.found(key)  # computed by a session this one waited for
             if hit:
                 return result  # type: ignore[return-value]
@@ -64,10 +68,6 @@ class SharedResults:
             if len(self._results) > self._kept:
                 self._results.popitem(last=False)
         return result
-
-    def clear(self) -> None:
-        with self._lock:
-            self._results.clear()
 
     def __len__(self) -> int:
         return len(self._results)

@@ -27,8 +27,12 @@ those models' measurements as well as their estimates: the table stays one run, 
 re-run and when named under it). `--redo-optimizers NAME[,NAME...]` does the same for the
 scenarios drawn with these optimizers (after a change to one optimizer's estimate).
 
+`--precisions` chooses the precisions drawn (default fp32, bf16-mixed and bf16; fp16-mixed may
+be named too); a run of another set writes files of its own (random_differential_cuda_fp16-mixed.*
+for `--devices cuda --precisions fp16-mixed`), so the default runs stay as drawn.
+
 Run: python benchmarks/random_differential.py [--count 300] [--seed S] [--max-params 8e9]
-[--devices cpu|cuda|cpu,cuda] [--resume | --redo NAMES | --redo-optimizers NAMES]
+[--devices cpu|cuda|cpu,cuda] [--precisions P,...] [--resume | --redo NAMES | --redo-optimizers NAMES]
 """
 
 from __future__ import annotations
@@ -54,14 +58,17 @@ from runners.request import Mode  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 OPTIMIZERS = ("adamw", "adamw-fused", "adam", "sgd", "adafactor", "hf-adafactor", "adam8bit", "adamw8bit")
-PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+PRECISIONS = ("fp32", "bf16-mixed", "bf16")  # drawn by default; --precisions may name fp16-mixed too
+ALL_PRECISIONS = (*PRECISIONS, "fp16-mixed")
 REAL_CPU_LIMIT = 200_000_000  # parameters: Trainer scenarios run on real tensors
 DEVICES = ("cpu", "cuda")
 
 
-def _stem(devices: list[str]) -> str:
-    """Result files' name: the CPU run keeps its own, another device set gets its own files."""
-    return "random_differential" if list(devices) == ["cpu"] else "random_differential_" + "_".join(devices)
+def _stem(devices: list[str], precisions: list[str] = PRECISIONS) -> str:
+    """Result files' name: the CPU run keeps its own, another device set or precision set gets
+    its own files."""
+    stem = "random_differential" if list(devices) == ["cpu"] else "random_differential_" + "_".join(devices)
+    return stem if tuple(precisions) == PRECISIONS else stem + "_" + "_".join(precisions)
 
 
 def _models(max_params: float) -> list[tuple[str, Task, object]]:
@@ -75,14 +82,15 @@ def _models(max_params: float) -> list[tuple[str, Task, object]]:
     return models
 
 
-def draw(rng: random.Random, models: list, devices: list[str]) -> tuple[str, Mode, dict]:
+def draw(rng: random.Random, models: list, devices: list[str],
+         precisions: list[str] = PRECISIONS) -> tuple[str, Mode, dict]:
     name, tasks, shape = rng.choice(models)
     small = shape.num_parameters <= REAL_CPU_LIMIT
     engine = "trainer" if small and rng.random() < 0.3 else "accelerate"
     limit = min(shape.max_positions or 4096, 4096)
     values = dict(task=rng.choice(tasks).value, batch_size=rng.choice([1, 1, 2, 3, 4, 8]),
                   seq_len=rng.randint(8, limit if engine == "accelerate" else min(limit, 256)),
-                  optimizer=rng.choice(OPTIMIZERS), precision=rng.choice(PRECISIONS),
+                  optimizer=rng.choice(OPTIMIZERS), precision=rng.choice(precisions),
                   gradient_checkpointing=rng.random() < 0.4, grad_accum=rng.choice([1, 1, 2, 4]),
                   attn="eager" if not shape.supports_sdpa or rng.random() < 0.3 else "sdpa")
     if engine == "trainer":
@@ -100,8 +108,11 @@ def main() -> None:
     parser.add_argument("--max-params", type=float, default=8e9)
     parser.add_argument("--devices", default="cpu",
                         help="comma-separated devices to draw from: cpu (default), cuda, or cpu,cuda")
+    parser.add_argument("--precisions", default=",".join(PRECISIONS),
+                        help=f"comma-separated precisions to draw from, of {', '.join(ALL_PRECISIONS)} "
+                             f"(default {','.join(PRECISIONS)}); another set writes files of its own")
     parser.add_argument("--resume", action="store_true",
-                        help="go on with the run of these --devices (its count, seed and size limit)")
+                        help="go on with the run of these --devices and --precisions (its count, seed and size limit)")
     parser.add_argument("--redo", default="",
                         help="comma-separated catalog names: measure their drawn scenarios again, in place")
     parser.add_argument("--redo-optimizers", default="",
@@ -110,6 +121,10 @@ def main() -> None:
     devices = [d for d in DEVICES if d in args.devices.split(",")]
     if not devices or set(args.devices.split(",")) - set(DEVICES):
         parser.error(f"--devices takes {', '.join(DEVICES)} or both, comma-separated: not {args.devices!r}")
+    precisions = [p for p in ALL_PRECISIONS if p in args.precisions.split(",")]
+    if not precisions or set(args.precisions.split(",")) - set(ALL_PRECISIONS):
+        parser.error(f"--precisions takes some of {', '.join(ALL_PRECISIONS)}, comma-separated: "
+                     f"not {args.precisions!r}")
     if args.redo or args.redo_optimizers:
         names = [name for name in args.redo.split(",") if name]
         optimizers = [name for name in args.redo_optimizers.split(",") if name]
@@ -119,12 +134,12 @@ def main() -> None:
         if set(optimizers) - set(OPTIMIZERS):
             parser.error(f"--redo-optimizers takes {', '.join(OPTIMIZERS)}: not "
                          f"{', '.join(sorted(set(optimizers) - set(OPTIMIZERS)))}")
-        redo(json.loads((RESULTS / f"{_stem(devices)}.json").read_text()), names, optimizers)
+        redo(json.loads((RESULTS / f"{_stem(devices, precisions)}.json").read_text()), names, optimizers)
         return
     state = {"count": args.count, "seed": args.seed, "max_params": args.max_params, "drawn": 0, "minutes": 0.0,
-             "rows": [], "failures": [], "devices": devices}
+             "rows": [], "failures": [], "devices": devices, "precisions": precisions}
     if args.resume:
-        state = json.loads((RESULTS / f"{_stem(devices)}.json").read_text())
+        state = json.loads((RESULTS / f"{_stem(devices, precisions)}.json").read_text())
         state.setdefault("devices", ["cpu"])  # runs begun before devices were drawn
     rng = random.Random(state["seed"])
     models = _models(state["max_params"])
@@ -132,7 +147,7 @@ def main() -> None:
     print(f"seed {state['seed']}: {state['count']} scenarios over {len(models)} models{resumed}", flush=True)
     started = time.perf_counter()
     for index in range(1, state["count"] + 1):
-        model, mode, values = draw(rng, models, state["devices"])
+        model, mode, values = draw(rng, models, state["devices"], _precisions(state))
         if index <= state["drawn"]:
             continue  # measured in an earlier sitting: the draw is replayed so the sequence stays the same
         print(f"[{index}/{state['count']}] {model} ({mode.value}) {values}", flush=True)
@@ -162,7 +177,7 @@ def redo(state: dict, names: list[str], optimizers: list[str] = ()) -> None:
     print(f"seed {state['seed']}: measuring again the drawn scenarios of {_redone_label(names, optimizers)}",
           flush=True)
     for index in range(1, state["drawn"] + 1):
-        model, mode, values = draw(rng, models, state["devices"])
+        model, mode, values = draw(rng, models, state["devices"], _precisions(state))
         if [model, values] in failed:
             continue  # refused when drawn: stays listed as it was
         if state["rows"][row]["model"] != model:
@@ -182,6 +197,10 @@ def redo(state: dict, names: list[str], optimizers: list[str] = ()) -> None:
     _write(state)
 
 
+def _precisions(state: dict) -> list[str]:
+    return state.get("precisions", list(PRECISIONS))  # runs begun before precisions were chosen drew these
+
+
 def _redone_label(names: list[str], optimizers: list[str]) -> str:
     return "; ".join(part for part in (", ".join(names),
                                        optimizers and "optimizer " + " or ".join(optimizers)) if part)
@@ -195,7 +214,7 @@ def _state_exact(row: dict) -> bool:
 
 def _write(state: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = _stem(state.get("devices", ["cpu"]))
+    stem = _stem(state.get("devices", ["cpu"]), _precisions(state))
     (RESULTS / f"{stem}.json").write_text(json.dumps(state, indent=1) + "\n")
     rows, failures = state["rows"], state["failures"]
     if not rows:
@@ -209,6 +228,8 @@ def _write(state: dict) -> None:
     errors = [abs(r["error_pct"]) for r in rows]
     devices = state.get("devices", ["cpu"])
     devices_flag = "" if devices == ["cpu"] else f" --devices {','.join(devices)}"
+    if tuple(_precisions(state)) != PRECISIONS:
+        devices_flag += f" --precisions {','.join(_precisions(state))}"
     cuda_note = ("; `device=cuda` rows: the lessons' loop simulated on CUDA's kernels (sm80), against a CUDA "
                  "plan, which rounds each weight, gradient and state tensor to 512 B (the simulated step does "
                  "not)") if "cuda" in devices else ""

@@ -1,5 +1,6 @@
 """app_pages.shared_results: what every session of the server shares."""
 
+import contextlib
 import threading
 import time
 
@@ -60,3 +61,17 @@ def test_keep_serves_the_first_result_kept():
     assert results.keep("k", first) is first
     assert results.keep("k", second) is first  # a second search of the same inputs is served the first's
     assert results.get("k", lambda: second) is first
+
+
+def test_the_computing_context_is_entered_only_while_a_result_is_missing():
+    results = SharedResults(kept=4)
+    entered = []
+
+    @contextlib.contextmanager
+    def spinner():
+        entered.append(1)
+        yield
+
+    assert results.get("k", lambda: 1, computing=spinner) == 1
+    assert results.get("k", lambda: 2, computing=spinner) == 1
+    assert entered == [1]
