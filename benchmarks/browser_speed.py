@@ -701,12 +701,7 @@ def streamlit_floor(later_n: int, app: str = FLOOR_APP) -> dict:
 
 
 def machine() -> str:
-    cpu = ""
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = load_test.cpu_model()
     try:
         version = subprocess.run([CHROMIUM, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):

@@ -161,6 +161,16 @@ def start_server(port: int, data_dir: str, script: Path | None = None) -> subpro
     raise RuntimeError("the streamlit server did not answer /_stcore/health in 60 s")
 
 
+def cpu_model() -> str:
+    """The processor's name as /proc/cpuinfo gives it; "" where there is none. Timings of
+    one machine compare; a changed host shows here."""
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return ""
+
+
 def process_cpu_s(pid: int) -> float | None:
     """User + system CPU seconds a process has used so far, all its threads (Linux's
     /proc/<pid>/stat, fields 14 and 15, in clock ticks); None where there is no /proc."""
@@ -222,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     for error in errors[:20]:
         print("ERROR", error)
     if args.out:
-        machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+        machine = f"{platform.machine()}, {os.cpu_count()} CPUs ({cpu_model()}), Python {platform.python_version()}"
         lines = ["# Load test: concurrent sessions on the Plan page", "",
                  f"Command: `.venv/bin/python benchmarks/load_test.py --sessions {args.sessions} "
                  f"--rerenders {args.rerenders} --out {args.out}`", "",
