@@ -361,6 +361,8 @@ def format_verdict(verdict: DeviceVerdict) -> str:
     lines += ["", verdict.headline]
     if verdict.caveat:
         lines.append(f"Note: {verdict.caveat}.")
+    if verdict.kernel_warning:
+        lines.append(f"Warning: {verdict.kernel_warning}.")
     return "\n".join(lines)
 
 

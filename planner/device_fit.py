@@ -33,6 +33,7 @@ from planner.gpus import GpuSpec
 from planner.kernel_target import KernelTarget
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
+from planner.pre_ampere import math_attention_warning
 from planner.reserved import replayed_step
 from planner.scenario import CudaSegments, Device, Scenario
 from planner.strategy import ParallelPlan, Strategy
@@ -50,7 +51,10 @@ def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacit
     `build` choosing the attention kernels (planner.attention_scratch). `figures`
     False: only whether it fits is wanted (the fit searches), so a plan that runs out of memory
     within the capacity is not replayed again without a bound for the reserved peak to show."""
-    return _verdict_and_replay(shape, result, capacity_bytes, gpu, plan, figures, build)[0]
+    verdict = _verdict_and_replay(shape, result, capacity_bytes, gpu, plan, figures, build)[0]
+    single = result.base if isinstance(result, ParallelEstimate) else result
+    warning = math_attention_warning(shape, single, gpu)
+    return verdict if warning is None else dataclasses.replace(verdict, kernel_warning=warning)
 
 
 def _verdict_and_replay(shape: ModelShape, result: Estimate | ParallelEstimate, capacity_bytes: int,

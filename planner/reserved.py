@@ -281,7 +281,7 @@ def _reduction_requests(table: ProbeTable, batch: int, seq: int) -> dict[int, tu
     return out
 
 
-def _attention_calls(table: ProbeTable, batch: int, seq: int) -> dict[int, AttentionBackward]:
+def attention_calls(table: ProbeTable, batch: int, seq: int) -> dict[int, AttentionBackward]:
     """storage -> the fused attention backward whose last output it is, at (batch, seq)."""
     return {index: AttentionBackward(backend, eligible, *(poly_value(d, batch, seq) for d in dims), element)
             for index, backend, eligible, dims, element in table.trace.attention_backwards}
@@ -360,7 +360,7 @@ def training_events(shape: ModelShape, scenario: Scenario, table: ProbeTable,
     in_prefix = tuple(nbytes for thread, nbytes in enumerate(cublas_workspaces)
                       if thread not in first_use)
     reductions = _reduction_requests(table, scenario.batch_size, scenario.seq_len)
-    attention = _attention_calls(table, scenario.batch_size, scenario.seq_len)
+    attention = attention_calls(table, scenario.batch_size, scenario.seq_len)
     embedding = _embedding_calls(table, scenario.batch_size, scenario.seq_len)
 
     # Most of a step's events are the expansion's as they are: copied in runs between the

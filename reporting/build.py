@@ -300,6 +300,8 @@ def _overhead_lines(verdict: DeviceVerdict) -> list[str]:
              f"reserved peak: {reserved}; usable capacity: {format_bytes(verdict.usable_capacity_bytes)}"]
     lines += [f"CUDA overhead: {item.name}, {format_bytes(item.bytes)} ({item.kind.value}: {item.source})"
               for item in (*verdict.overheads.allocator_items, *verdict.overheads.items)]
+    if verdict.kernel_warning:
+        lines.append(f"Warning: {verdict.kernel_warning}.")
     return lines
 
 

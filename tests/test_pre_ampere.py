@@ -1,0 +1,48 @@
+"""planner.pre_ampere: a plan probed on sm80's kernels says when a GPU before Ampere runs its
+attention on SDPA's math path, checked against the kernels a simulated step on that GPU's
+architecture takes (planner.probe.fake_cuda, which follows torch's sdp_utils.cpp)."""
+
+import pytest
+
+from conftest import tiny_config
+from planner.device_fit import plan_verdict
+from planner.estimate import estimate
+from planner.gpus import GPUS
+from planner.loading import model_shape_for_config
+from planner.probe.fake_cuda import CudaGpu
+from planner.scenario import scenario_from_values
+from runners.simulate_measure import simulate_step
+
+T4 = CudaGpu("T4", *GPUS["t4"].compute_capability)
+
+
+def _verdict(name: str, precision: str, gpu_key: str):
+    values = dict(task="causal-lm", batch_size=2, seq_len=64, precision=precision, device="cuda")
+    scenario = scenario_from_values(**values)
+    shape = model_shape_for_config(tiny_config(name), scenario.task, 2, name)
+    result = estimate(shape, scenario)
+    gpu = GPUS[gpu_key]
+    return plan_verdict(shape, result, gpu.capacity_bytes, gpu), values
+
+
+@pytest.mark.parametrize("name, precision, math_on_t4", [
+    ("tiny-llama", "fp16-mixed", True),  # 4 query heads, 2 key/value heads: flash on sm80 only
+    ("tiny-gpt2", "fp16-mixed", False),  # multi-head: the memory-efficient kernel on a T4
+    ("tiny-llama", "fp32", False),  # no flash in fp32: the math path on sm80 too, as probed
+])
+def test_the_warning_follows_the_kernels_a_t4_takes(name, precision, math_on_t4):
+    verdict, values = _verdict(name, precision, "t4")
+    on_t4 = simulate_step(tiny_config(name), dict(values), gpu=T4)["attention_backends"]
+    on_sm80 = simulate_step(tiny_config(name), dict(values), gpu="sm80")["attention_backends"]
+    assert on_t4 and on_sm80
+    assert ("math" in on_t4 and "math" not in on_sm80) == math_on_t4
+    assert (verdict.kernel_warning is not None) == math_on_t4
+    if math_on_t4:
+        assert "4 query heads, 2 key/value heads" in verdict.kernel_warning
+        assert verdict.to_json()["kernel_warning"] == verdict.kernel_warning
+
+
+def test_no_warning_on_a_gpu_with_flash_attention():
+    for gpu_key in ("a100-40gb", "l4", "h100"):
+        verdict, _ = _verdict("tiny-llama", "fp16-mixed", gpu_key)
+        assert verdict.kernel_warning is None, gpu_key
