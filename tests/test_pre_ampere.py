@@ -46,3 +46,22 @@ def test_no_warning_on_a_gpu_with_flash_attention():
     for gpu_key in ("a100-40gb", "l4", "h100"):
         verdict, _ = _verdict("tiny-llama", "fp16-mixed", gpu_key)
         assert verdict.kernel_warning is None, gpu_key
+
+
+def test_the_plan_page_warns_on_a_t4_and_not_on_an_a100():
+    """SmolLM2-135M (9 query heads, 3 key/value heads) in fp16 autocast: on the default T4 the
+    Plan page shows the warning under the verdict; on an A100 it does not."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=180).run()
+    at.selectbox(key="catalog_model").set_value("smollm2-135m").run()
+    at.selectbox(key="precision").set_value("fp16-mixed").run()
+    assert not at.exception
+    warned = [w.value for w in at.warning if w.value.startswith("Low on this GPU: on a T4")]
+    assert len(warned) == 1 and "9 query heads, 3 key/value heads" in warned[0]
+    a100 = next(label for label in at.selectbox(key="gpu_preset").options if label.startswith("A100"))
+    at.selectbox(key="gpu_preset").set_value(a100).run()
+    assert not at.exception
+    assert not [w for w in at.warning if w.value.startswith("Low on this GPU")]
