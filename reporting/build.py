@@ -485,7 +485,7 @@ def render_report(report: Report, fmt: str) -> str:
 
 def report_for_values(values: Mapping[str, object], base_dir: Path | None = None, records: Iterable = ()) -> Report:
     """A report from the CLI's scenario values (estimate_from_values' keys, plus optional
-    `gpu`: a preset name from views.inputs.GPU_PRESETS or a size in GiB, default the
+    `gpu`: a preset name from views.inputs.GPU_PRESETS, a planner.gpus key or a size in GiB, default the
     first preset; `gpu_count`, default 1; `hub`: allow fetching the config; `run_steps` and
     `local_sgd_steps` for the Multiple GPUs section's local SGD comparison; `search_adapters`,
     default true: What fits also searches LoRA and QLoRA plans, which probe on first use)."""
@@ -500,12 +500,16 @@ def report_for_values(values: Mapping[str, object], base_dir: Path | None = None
     spec = None
     if gpu in GPU_PRESETS and GPU_PRESETS[gpu] is not None:
         capacity, label, spec = GPU_PRESETS[gpu], str(gpu), GPUS[GPU_PRESET_KEYS[gpu]]
+    elif gpu in GPUS:  # the planner's own keys, as `planner estimate --gpu` takes them
+        spec = GPUS[gpu]
+        capacity, label = spec.capacity_bytes, spec.label
     else:
         try:
             float(gpu)
         except (TypeError, ValueError):
             presets = ", ".join(repr(p) for p, size in GPU_PRESETS.items() if size is not None)
-            raise PlannerInputError(f"unknown GPU {gpu!r}: give a size in GiB or one of {presets}") from None
+            raise PlannerInputError(f"unknown GPU {gpu!r}: give a size in GiB, one of {presets}, or one of "
+                                    f"`planner estimate --gpu`'s {', '.join(GPUS)}") from None
         capacity = capacity_bytes_from_gib(gpu, "GPU size (--gpu)")
         label = f"{float(gpu):g} GiB"
     count = as_int(values.get("gpu_count") or 1, "number of GPUs (--gpu-count)")

@@ -20,6 +20,7 @@ from app_pages.query_state import decode, encode
 from app_pages.run_queue import CANCELLED, DONE, RunQueue, progress_fraction
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
+from planner.gpus import GPUS
 from planner.loading import load_model_shape
 from planner.scenario import scenario_from_values
 from planner.strategy import ParallelPlan, Strategy
@@ -514,3 +515,8 @@ def test_write_report_from_cli_values(tmp_path, monkeypatch):
         write_report(values, tmp_path / "plan.pdf")
     with pytest.raises(PlannerInputError, match="unknown GPU"):
         report_for_values({**values, "gpu": "TPU"})
+    # The planner's own GPU keys, as `planner estimate --gpu` takes them, name the same card as the preset.
+    by_key = report_for_values({**values, "gpu": "t4", "gpu_count": "1", "strategy": "ddp"})
+    by_label = report_for_values({**values, "gpu": "T4 · 16 GB", "gpu_count": "1", "strategy": "ddp"})
+    assert by_key.capacity_bytes == by_label.capacity_bytes == GPUS["t4"].capacity_bytes
+    assert by_key.gpu is by_label.gpu is GPUS["t4"]
