@@ -11,7 +11,8 @@ math path, which keeps every layer's attention matrix for the backward: a step t
 not hold, 11-27% above it for Llama-3.2-1B, Qwen2.5-0.5B and SmolLM2-135M in fp16 at 4 x 512
 tokens (same table); the plan with eager attention, which keeps those matrices too, is 2-5%
 above the simulated T4 there. Until plans are probed on the GPU's own kernels, such a plan
-says so (`math_attention_warning`), and the fit searches do not know it.
+says so (`math_attention_warning`; What fits names the plans it applies to, `low_options`),
+and the fit searches still size such plans by sm80's figures.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from planner.attention_scratch import FLASH
 from planner.estimate import Confidence, Estimate
 from planner.gpus import GpuSpec
 from planner.model_shape import ModelShape
-from planner.scenario import Device
+from planner.scenario import Device, Precision
 
 FLASH_FROM = (8, 0)  # the first compute capability with flash attention in torch
 
@@ -53,3 +54,21 @@ def math_attention_warning(shape: ModelShape, result: Estimate, gpu: GpuSpec | N
             "T4 keeps 11% (Llama-3.2-1B) to 27% (SmolLM2-135M) more (benchmarks/results/pre_ampere_attention.md). "
             "Plan it with eager attention for a bound: that keeps the matrices and a little more (2-5% above the "
             "simulated T4 for those models)")
+
+
+def low_options(shape: ModelShape, options, gpu: GpuSpec | None) -> tuple[list[int], str | None]:
+    """The ranks (from 1) of the fit finder's `options` (planner.fit.FitOption) whose plans
+    `math_attention_warning` flags on `gpu`, and the first warning; ([], None) when none is."""
+    from planner.estimate import estimate
+
+    ranks, first = [], None
+    if gpu is None or gpu.compute_capability is None or gpu.compute_capability >= FLASH_FROM:
+        return ranks, first
+    for rank, option in enumerate(options, 1):
+        if option.scenario.device is not Device.CUDA or option.scenario.precision is Precision.FP32:
+            continue  # fp32 takes no flash kernel on sm80 either: nothing moves
+        warning = math_attention_warning(shape, estimate(shape, option.scenario), gpu)
+        if warning is not None:
+            ranks.append(rank)
+            first = first or warning
+    return ranks, first

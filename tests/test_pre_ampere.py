@@ -65,3 +65,42 @@ def test_the_plan_page_warns_on_a_t4_and_not_on_an_a100():
     at.selectbox(key="gpu_preset").set_value(a100).run()
     assert not at.exception
     assert not [w for w in at.warning if w.value.startswith("Low on this GPU")]
+
+
+def test_what_fits_flags_the_16_bit_plans_on_a_t4():
+    """On the default T4, SmolLM2-135M's What fits names the fp16-mixed plans the warning
+    covers, and no fp32 plan (full fine-tuning only, to keep the search short)."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=300).run()
+    at.selectbox(key="catalog_model").set_value("smollm2-135m").run()
+    at.session_state["fit_search_adapters"] = False
+    at.switch_page("app_pages/what_fits.py").run()
+    assert not at.exception
+    warned = [w.value for w in at.warning if w.value.startswith("Low on this GPU, plans #")]
+    assert len(warned) == 1 and "9 query heads, 3 key/value heads" in warned[0]
+    named = {int(rank) for rank in warned[0].split(":")[0].removeprefix("Low on this GPU, plans ")
+             .replace("#", "").split(",")}
+    table = at.dataframe[0].value
+    sixteen_bit = {int(rank) for rank, precision in zip(table["rank"], table["precision"]) if precision != "fp32"}
+    assert named == sixteen_bit and named
+
+
+def test_low_options_names_the_16_bit_grouped_query_plans_only():
+    from types import SimpleNamespace
+
+    from planner.pre_ampere import low_options
+
+    def option(precision: str):
+        scenario = scenario_from_values(task="causal-lm", batch_size=2, seq_len=64, precision=precision,
+                                        device="cuda")
+        return SimpleNamespace(scenario=scenario)
+
+    shape = model_shape_for_config(tiny_config("tiny-llama"), scenario_from_values(
+        task="causal-lm", batch_size=1, seq_len=1).task, 2, "tiny-llama")
+    options = [option("fp32"), option("fp16-mixed"), option("fp32")]
+    ranks, warning = low_options(shape, options, GPUS["t4"])
+    assert ranks == [2] and "4 query heads, 2 key/value heads" in warning
+    assert low_options(shape, options, GPUS["a100-40gb"]) == ([], None)
