@@ -18,12 +18,16 @@ and the fit searches still size such plans by sm80's figures.
 from __future__ import annotations
 
 from planner.attention_scratch import FLASH
-from planner.estimate import Confidence, Estimate
+from planner.estimate import Confidence, Estimate, estimate
 from planner.gpus import GpuSpec
 from planner.model_shape import ModelShape
 from planner.scenario import Device, Precision
 
 FLASH_FROM = (8, 0)  # the first compute capability with flash attention in torch
+
+
+def _lacks_flash(gpu: GpuSpec | None) -> bool:
+    return gpu is not None and gpu.compute_capability is not None and gpu.compute_capability < FLASH_FROM
 
 
 def math_attention_warning(shape: ModelShape, result: Estimate, gpu: GpuSpec | None) -> str | None:
@@ -33,7 +37,7 @@ def math_attention_warning(shape: ModelShape, result: Estimate, gpu: GpuSpec | N
     from planner.probe.cache import probe_table
     from planner.reserved import attention_calls
 
-    if gpu is None or gpu.compute_capability is None or gpu.compute_capability >= FLASH_FROM:
+    if not _lacks_flash(gpu):
         return None
     scenario = result.scenario
     if scenario.device is not Device.CUDA or result.confidence is not Confidence.PROBED:
@@ -59,10 +63,8 @@ def math_attention_warning(shape: ModelShape, result: Estimate, gpu: GpuSpec | N
 def low_options(shape: ModelShape, options, gpu: GpuSpec | None) -> tuple[list[int], str | None]:
     """The ranks (from 1) of the fit finder's `options` (planner.fit.FitOption) whose plans
     `math_attention_warning` flags on `gpu`, and the first warning; ([], None) when none is."""
-    from planner.estimate import estimate
-
     ranks, first = [], None
-    if gpu is None or gpu.compute_capability is None or gpu.compute_capability >= FLASH_FROM:
+    if not _lacks_flash(gpu):
         return ranks, first
     for rank, option in enumerate(options, 1):
         if option.scenario.device is not Device.CUDA or option.scenario.precision is Precision.FP32:
