@@ -82,8 +82,6 @@ def render() -> None:
         st.success(verdict.headline, icon=":material/check_circle:")
     else:
         st.warning(verdict.headline, icon=":material/block:")
-    if verdict.kernel_warning:
-        st.warning(f"Low on this GPU: {verdict.kernel_warning}.", icon=":material/warning:")
     on_cuda = verdict.overheads is not None
     columns = st.columns(4 if on_cuda else 3)
     peak_column, capacity_column, margin_column = columns[0], columns[1], columns[-1]

@@ -22,7 +22,6 @@ from app_pages.page_context import cached_for_scenario, searched_with_progress, 
 from planner.device_fit import reserved_check
 from planner.errors import PlannerInputError
 from planner.fit import FIT_ERROR_MARGIN, find_fits
-from planner.pre_ampere import low_options
 from planner.step_time import DEFAULT_UTILISATION
 from planner.units import format_bytes
 from planner.verdict import room_for_plans, searchable_budget_bytes
@@ -129,13 +128,6 @@ def render() -> None:
         _captions(result)
         return
 
-    # A T4 or V100 keeps more than sm80's kernels for grouped-query attention in 16 bits (planner.pre_ampere).
-    low, warning = cached_for_scenario(context, "what fits low options",
-                                       lambda: low_options(shape, result.options, preset_gpu(values)),
-                                       kind, utilisation, allow_risky, search_adapters)
-    if warning is not None:
-        st.warning(f"Low on this GPU, plans {', '.join(f'#{rank}' for rank in low)}: {warning}.",
-                   icon=":material/warning:")
     st.dataframe(fit_rows(result), hide_index=True, key="fit_table", column_config=FIT_COLUMNS)
     # SVG drawn here, not Plotly: no chart library for the page's first visit to fetch (views.svg_charts).
     st.markdown(cached_for_scenario(context, "what fits chart", lambda: fit_options_svg(result),

@@ -45,7 +45,7 @@ GPU and torch build choose (`replay_backend`), and frees it before the next even
 The backend: torch prefers cuDNN on sm90 and sm10x from cuDNN 9.15.1 on
 (sdp_utils.cpp `check_prefer_cudnn_attention`), where cuDNN's filters pass; the probe records
 whether they do (on the reference build `CUDNN_REFERENCE`) beside the backend its own
-architecture took (planner.probe.cache.CUDA_PROBE_ARCH). The cuDNN of a user's torch is not
+kernel class took (planner.probe.cache.kernel_class). The cuDNN of a user's torch is not
 known to the planner: `CudaBuild` holds it, by default torch's CUDA 12.8 wheels' (9.10.2,
 under which flash runs on every GPU the presets hold); the GPU check passes the version its
 run read (`torch.backends.cudnn.version()`).

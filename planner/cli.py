@@ -41,6 +41,7 @@ from planner.gpus import (
     gpu_from_text,
     gpu_spec,
     nearest_gpu,
+    scenario_on,
 )
 from planner.loading import load_model_shape
 from planner.model_shape import ModelShape
@@ -52,6 +53,7 @@ from planner.scenario import (
     Device,
     Engine,
     Precision,
+    Scenario,
     Task,
     as_int,
     scenario_from_values,
@@ -153,8 +155,9 @@ def add_fit_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="causal-lm", choices=[t.value for t in Task])
     parser.add_argument("--num-labels", default="2", help="classes for sequence classification (default 2)")
     parser.add_argument("--gpu-memory-gib", help="memory per GPU in GiB (default: the --gpu's)")
-    parser.add_argument("--gpu", help=f"GPU whose throughput step times assume: {', '.join(GPUS)} "
-                                      "(default: the one nearest in memory to --gpu-memory-gib)")
+    parser.add_argument("--gpu", help=f"GPU whose kernels plan the step and whose throughput step times assume: "
+                                      f"{', '.join(GPUS)} (default: the one nearest in memory to --gpu-memory-gib, "
+                                      "planned on Ampere's kernels)")
     parser.add_argument("--num-devices", default="1", help="GPUs, data parallel (DDP) when more than one")
     parser.add_argument("--seq-len", default="512", help="tokens per sequence (default 512)")
     parser.add_argument("--target-len", default=None,
@@ -197,7 +200,8 @@ def _build_parser() -> argparse.ArgumentParser:
     one = commands.add_parser("estimate", help="estimate one scenario")
     add_scenario_flags(one)
     add_parallel_flags(one)
-    one.add_argument("--gpu", help=f"GPU for the fits / does not fit verdict: {', '.join(GPUS)} or a size in GiB")
+    one.add_argument("--gpu", help=f"GPU for the fits / does not fit verdict, whose kernels plan the step: "
+                                   f"{', '.join(GPUS)} or a size in GiB")
     add_cudnn_flag(one)
     one.add_argument("--json", action="store_true", help="print one JSON object (integer bytes)")
     many = commands.add_parser("batch", help="estimate one scenario per line of a JSONL file")
@@ -282,7 +286,7 @@ def _shape_and_estimate(values: dict, base_dir: Path | None, allow_hub: bool) ->
         raise PlannerInputError("scenario has no 'task': use one of " + ", ".join(t.value for t in Task))
     known = {"id", "config", "task", "num_labels", "batch_size", "seq_len", "target_len", "optimizer", "precision",
              "gradient_checkpointing", "grad_accum", "attn", "device", "engine", "gpu", "cudnn_version",
-             "cuda_alloc_conf",
+             "cuda_alloc_conf", "compute_capability",
              *FINETUNE_KEYS, *PARALLEL_KEYS}
     unknown = sorted(set(values) - known)
     if unknown:
@@ -292,12 +296,27 @@ def _shape_and_estimate(values: dict, base_dir: Path | None, allow_hub: bool) ->
             raise PlannerInputError(f"scenario has no {key!r}: give a positive integer")
     scenario_values = {k: v for k, v in values.items() if k not in ("id", "config", "gpu", "cudnn_version",
                                                                       *PARALLEL_KEYS)}
-    scenario = scenario_from_values(**scenario_values)
+    scenario = _on_named_gpu(scenario_from_values(**scenario_values), values.get("gpu"))
     if not isinstance(values["config"], str):
         raise PlannerInputError("'config' must be a string: a catalog name or a config.json path")
     shape = load_model_shape(values["config"], scenario.task, scenario.num_labels, base_dir=base_dir,
                              allow_hub=allow_hub)
     return shape, estimate(shape, scenario)
+
+
+def _on_named_gpu(scenario: Scenario, gpu_text: object) -> Scenario:
+    """The scenario on the GPU `gpu_text` names (its kernels run the step: planner.gpus.scenario_on);
+    as it is for a size in GiB, which names none."""
+    if gpu_text is None:
+        return scenario
+    gpu = gpu_from_text(gpu_text)[0]
+    if gpu is None:
+        return scenario
+    named = scenario_on(scenario, gpu)
+    if scenario.compute_capability is not None and named.compute_capability != scenario.compute_capability:
+        raise PlannerInputError(f"compute capability {'{}.{}'.format(*scenario.compute_capability)} is not the "
+                                f"{gpu.label}'s: leave compute_capability out, or give a size in GiB as the gpu")
+    return named
 
 
 def format_table(result: Estimate) -> str:
@@ -310,7 +329,8 @@ def format_table(result: Estimate) -> str:
          f"checkpointing {'on' if s.checkpointing is Checkpointing.EVERY_LAYER else 'off'}, "
          f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}, "
          f"engine {s.engine.value}"
-         + (f", PYTORCH_CUDA_ALLOC_CONF={s.cuda_alloc_conf}" if s.cuda_alloc_conf else "")),
+         + (f", PYTORCH_CUDA_ALLOC_CONF={s.cuda_alloc_conf}" if s.cuda_alloc_conf else "")
+         + (", compute capability {}.{}".format(*s.compute_capability) if s.compute_capability else "")),
         "",
         f"{'category':<34}{'bytes':>18}  {'size (binary units)':>20}",
     ]
@@ -361,8 +381,6 @@ def format_verdict(verdict: DeviceVerdict) -> str:
     lines += ["", verdict.headline]
     if verdict.caveat:
         lines.append(f"Note: {verdict.caveat}.")
-    if verdict.kernel_warning:
-        lines.append(f"Warning: {verdict.kernel_warning}.")
     return "\n".join(lines)
 
 
@@ -529,6 +547,7 @@ def _run_fit(args: argparse.Namespace) -> int:
                                 gradient_checkpointing=args.gradient_checkpointing,
                                 cuda_alloc_conf=args.cuda_alloc_conf, target_len=args.target_len,
                                 **finetune_values(args))
+    base = _on_named_gpu(base, args.gpu)  # a size alone names no GPU: Ampere's kernels
     target = FitTarget(seq_len=base.seq_len, batch_size=batch,
                        effective_batch=None if args.effective_batch is None
                        else as_int(args.effective_batch, "effective batch"))

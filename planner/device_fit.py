@@ -33,7 +33,7 @@ from planner.gpus import GpuSpec
 from planner.kernel_target import KernelTarget
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
-from planner.pre_ampere import math_attention_warning
+from planner.probe.cache import kernel_class
 from planner.reserved import replayed_step
 from planner.scenario import CudaSegments, Device, Scenario
 from planner.strategy import ParallelPlan, Strategy
@@ -51,10 +51,18 @@ def plan_verdict(shape: ModelShape, result: Estimate | ParallelEstimate, capacit
     `build` choosing the attention kernels (planner.attention_scratch). `figures`
     False: only whether it fits is wanted (the fit searches), so a plan that runs out of memory
     within the capacity is not replayed again without a bound for the reserved peak to show."""
-    verdict = _verdict_and_replay(shape, result, capacity_bytes, gpu, plan, figures, build)[0]
-    single = result.base if isinstance(result, ParallelEstimate) else result
-    warning = math_attention_warning(shape, single, gpu)
-    return verdict if warning is None else dataclasses.replace(verdict, kernel_warning=warning)
+    return _verdict_and_replay(shape, result, capacity_bytes, gpu, plan, figures, build)[0]
+
+
+def _check_kernels(scenario: Scenario, gpu: GpuSpec | None) -> None:
+    """A CUDA plan is judged on the GPU whose kernels it was estimated with (planner.probe.cache
+    kernel_class): SDPA keeps other tensors on other GPUs (a T4's math path)."""
+    if gpu is None or scenario.device is not Device.CUDA:
+        return
+    planned, judged = kernel_class(scenario.compute_capability), kernel_class(gpu.compute_capability)
+    if planned != judged:
+        raise ValueError(f"the plan was estimated with {planned}'s kernels and is judged on a {gpu.label} ({judged}'s): "
+                         "estimate it with planner.gpus.scenario_on(scenario, gpu)")
 
 
 def _verdict_and_replay(shape: ModelShape, result: Estimate | ParallelEstimate, capacity_bytes: int,
@@ -62,6 +70,7 @@ def _verdict_and_replay(shape: ModelShape, result: Estimate | ParallelEstimate, 
                         build: CudaBuild = DEFAULT_BUILD) -> tuple[DeviceVerdict, ReplayResult | None]:
     """plan_verdict's verdict, and the replay within the usable capacity it rests on (None: not replayed)."""
     single = result.base if isinstance(result, ParallelEstimate) else result
+    _check_kernels(single.scenario, gpu)
     peak = result.per_device_peak_bytes if isinstance(result, ParallelEstimate) else result.peak_bytes
     overheads = device_overheads(single.scenario.device, gpu, plan)
     if overheads is None:

@@ -125,6 +125,7 @@ class Estimate:
                 "grad_accum": s.grad_accum_steps, "attn": s.attention.value, "device": s.device.value,
                 "engine": s.engine.value, **_finetune_json(s),
                 **({"cuda_alloc_conf": s.cuda_alloc_conf} if s.cuda_alloc_conf else {}),
+                **({"compute_capability": "{}.{}".format(*s.compute_capability)} if s.compute_capability else {}),
             },
             "trainable_parameters": self.num_parameters if self.trainable_parameters is None
             else self.trainable_parameters,
@@ -253,10 +254,10 @@ def _first_untrained(shape: ModelShape, trained: ModelShape) -> str:
     return next(p.name for p in shape.params if p.name not in kept)
 
 
-def _cuda_probe_note(method: str) -> str:
-    from planner.probe.cache import CUDA_PROBE_ARCH
+def _cuda_probe_note(method: str, scenario: Scenario) -> str:
+    from planner.probe.cache import kernels_label
 
-    return (f"{method} on CUDA: activations probed with {CUDA_PROBE_ARCH}'s CUDA kernels on fake tensors "
+    return (f"{method} on CUDA: activations probed with {kernels_label(scenario)} on fake tensors "
             "(planner/probe/fake_cuda.py: SDPA's backend, 1-byte dropout masks, CUDA autocast's op lists, gradient "
             "sums in place; checked against an H200's records, README \"Measured on a GPU\"; the attention "
             "backward's own scratch is not counted), each saved tensor at its exact size (the caching allocator's "
@@ -434,7 +435,7 @@ def _adapter_estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
     notes: tuple[str, ...] = ()
     if scenario.device is Device.CUDA:
         step = _adapter_step_bytes(count.trainable, scenario)
-        notes = (_cuda_probe_note("LoRA"),)
+        notes = (_cuda_probe_note("LoRA", scenario),)
         if scenario.finetune.method is Method.QLORA:
             notes += ("QLoRA on CUDA: the 4-bit base is quantised by transformers' own quantiser on fake tensors, "
                       "and each 4-bit matmul dequantises its weight as bitsandbytes' CUDA kernel does for more "
@@ -596,7 +597,7 @@ def estimate(shape: ModelShape, scenario: Scenario) -> Estimate:
         phases, activations_bytes, on_real_tensors = probed
         confidence = Confidence.PROBED_REAL if on_real_tensors else Confidence.PROBED
         if scenario.device is Device.CUDA:
-            notes.append(_cuda_probe_note("Full fine-tuning"))
+            notes.append(_cuda_probe_note("Full fine-tuning", scenario))
         if trained is not shape:
             # torch's and bitsandbytes' optimizers skip a parameter whose gradient is None.
             state_shape = trained

@@ -74,10 +74,12 @@ readings are not recorded here (the H100's is in planner.cuda_overheads).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
 from planner.errors import PlannerInputError
+from planner.scenario import Device, Scenario
 from planner.units import MIB
 
 TERA = 10**12
@@ -238,3 +240,21 @@ def gpu_from_text(value: object) -> tuple[GpuSpec | None, int]:
         raise PlannerInputError(f"unknown GPU {str(value)[:40]!r}: give a size in GiB or one of "
                                 f"{', '.join(GPUS)}") from None
     return None, capacity_bytes_from_gib(text, "GPU memory")
+
+
+def capability_values(device: str, gpu: GpuSpec | None) -> dict:
+    """The compute capability of `gpu` as planner.scenario.scenario_from_values takes it, for a
+    plan on CUDA: the step takes that GPU's kernels (a T4 has no flash attention;
+    planner.probe.cache.kernel_class). Empty on the CPU, for a size that names no GPU, and for
+    a GPU without one (ROCm): those are planned on Ampere's kernels."""
+    if device != "cuda" or gpu is None or gpu.compute_capability is None:
+        return {}
+    return {"compute_capability": "{}.{}".format(*gpu.compute_capability)}
+
+
+def scenario_on(scenario: Scenario, gpu: GpuSpec | None) -> Scenario:
+    """`scenario` as it runs on `gpu`: with its compute capability (capability_values)."""
+    capability = gpu.compute_capability if gpu is not None and scenario.device is Device.CUDA else None
+    if scenario.compute_capability == capability:
+        return scenario
+    return dataclasses.replace(scenario, compute_capability=capability)

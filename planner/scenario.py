@@ -192,6 +192,10 @@ class Scenario:
     cuda_segments: CudaSegments = CudaSegments.CUDA_MALLOC  # PYTORCH_CUDA_ALLOC_CONF; read on CUDA only
     # seq2seq-lm: the labels' tokens per sequence, seq_len when not given; None for every other task.
     target_len: int | None = None
+    # The CUDA GPU whose kernels run the step, as cudaDeviceProp's (major, minor): SDPA's backend
+    # follows it (planner.probe.cache.kernel_class). None: not known, planned on Ampere's and
+    # later's kernels. Always None on the CPU.
+    compute_capability: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         _positive_int(self.batch_size, "batch size")
@@ -224,6 +228,14 @@ class Scenario:
                 raise PlannerInputError(f"{name} must be a {kind.__name__}, got {getattr(self, name)!r}")
         if not isinstance(self.finetune, FineTune):
             raise PlannerInputError(f"finetune must be a FineTune, got {self.finetune!r}")
+        capability = self.compute_capability
+        if capability is not None:
+            if not (isinstance(capability, tuple) and len(capability) == 2
+                    and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 100 for v in capability)
+                    and capability[0] >= 1):
+                raise PlannerInputError(f"compute capability must be (major, minor), e.g. 7.5, got {capability!r}")
+            if self.device is not Device.CUDA:  # a CPU step takes the CPU's kernels whatever GPU is named
+                object.__setattr__(self, "compute_capability", None)
 
     @property
     def cuda_alloc_conf(self) -> str | None:
@@ -308,6 +320,7 @@ def scenario_from_values(
     double_quant: object = True,
     cuda_alloc_conf: object = None,
     target_len: object = None,
+    compute_capability: object = None,
 ) -> Scenario:
     """Scenario from user-facing names (CLI flags, JSONL keys, dashboard widgets)."""
     method = finetune_from_values(
@@ -337,4 +350,19 @@ def scenario_from_values(
         finetune=method,
         cuda_segments=segments,
         target_len=None if target_len is None else _as_int(target_len, "target length"),
+        compute_capability=parse_compute_capability(compute_capability),
     )
+
+
+def parse_compute_capability(value: object) -> tuple[int, int] | None:
+    """A compute capability from "7.5", 7.5 or (7, 5); None stays None (not known)."""
+    if value is None or (isinstance(value, tuple) and len(value) == 2):
+        return value
+    if isinstance(value, list) and len(value) == 2:
+        return tuple(value)
+    text = str(value).strip() if isinstance(value, (str, float)) and not isinstance(value, bool) else ""
+    match = re.fullmatch(r"([0-9]{1,2})\.([0-9])", text)
+    if match is None:
+        raise PlannerInputError(f"compute capability must be major.minor as nvidia-smi prints it (e.g. 7.5 for a "
+                                f"T4, 8.0 for an A100), got {str(value)[:40]!r}")
+    return int(match.group(1)), int(match.group(2))

@@ -52,8 +52,6 @@ class DeviceVerdict:
     # Not replayed: what the optimizer step's kernel workspaces lift the allocated peak above the
     # live tensors' (planner.estimate.Estimate.step_workspace_bytes); a replay makes them itself.
     step_workspace_excess_bytes: int = 0
-    # Why the plan's kernels are not the GPU's where that moves the peak (planner.pre_ampere); None: they are.
-    kernel_warning: str | None = None
 
     def __post_init__(self) -> None:
         if self.peak_bytes < 0 or self.capacity_bytes <= 0:
@@ -166,8 +164,6 @@ class DeviceVerdict:
             data["replay_out_of_memory"] = True
         if self.caveat is not None:
             data["caveat"] = self.caveat
-        if self.kernel_warning is not None:
-            data["kernel_warning"] = self.kernel_warning
         return data
 
 

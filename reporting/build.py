@@ -26,7 +26,7 @@ from planner.errors import PlannerInputError
 from planner.estimate import Estimate, estimate
 from planner.finetune import FINETUNE_KEYS
 from planner.fit import FitLimits, fit_limits
-from planner.gpus import GPUS, GpuSpec, capacity_bytes_from_gib
+from planner.gpus import GPUS, GpuSpec, capability_values, capacity_bytes_from_gib
 from planner.model_shape import ModelShape
 from planner.parallel import ParallelEstimate, parallel_estimate
 from planner.scenario import as_int, scenario_from_values
@@ -75,7 +75,8 @@ from views.verify_results import history_table, scatter_points
 FORMATS = ("html", "md", "csv", "json")
 SCENARIO_KEYS = ("task", "num_labels", "batch_size", "seq_len", "target_len", "optimizer", "precision",
                  "gradient_checkpointing",
-                 "grad_accum", "attn", "device", "engine", "cuda_alloc_conf", *FINETUNE_KEYS)
+                 "grad_accum", "attn", "device", "engine", "cuda_alloc_conf", "compute_capability",
+                 *FINETUNE_KEYS)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,9 @@ def build_report(shape: ModelShape, values: Mapping[str, object], capacity_bytes
     page. `methods`: views.comparison.compare_methods' rows, shown when given. `progress(done,
     total)`: told as What fits' search goes through its combinations (planner.fit.find_fits;
     on CUDA a 7B model's first search replays the caching allocator for a minute or more)."""
-    values = {k: v for k, v in values.items() if k in SCENARIO_KEYS}
+    # The plan takes the kernels of the GPU it is judged on (planner.gpus.scenario_on).
+    values = {k: v for k, v in values.items() if k in SCENARIO_KEYS and k != "compute_capability"} \
+        | capability_values(str(values.get("device") or "cuda"), gpu)
     full = {k: v for k, v in values.items() if k not in FINETUNE_KEYS}
     scenario = scenario_from_values(**values)
     result = estimate(shape, scenario)
@@ -300,8 +303,6 @@ def _overhead_lines(verdict: DeviceVerdict) -> list[str]:
              f"reserved peak: {reserved}; usable capacity: {format_bytes(verdict.usable_capacity_bytes)}"]
     lines += [f"CUDA overhead: {item.name}, {format_bytes(item.bytes)} ({item.kind.value}: {item.source})"
               for item in (*verdict.overheads.allocator_items, *verdict.overheads.items)]
-    if verdict.kernel_warning:
-        lines.append(f"Warning: {verdict.kernel_warning}.")
     return lines
 
 

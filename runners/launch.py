@@ -63,7 +63,7 @@ from runners.memory_limit import (
     over_limit_reason,
 )
 from runners.parent_death import PARENT_PID_ENV, wrapper_command
-from runners.request import VERIFIED_STRATEGIES, Mode, VerifyRequest
+from runners.request import VERIFIED_STRATEGIES, Mode, VerifyRequest, scenario_measured_on
 from runners.scratch import env_with_tmpdir, scratch_dir
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def _with_mode(request: VerifyRequest, mode: Mode) -> VerifyRequest:
     if mode is Mode.SIMULATE:
         return dataclasses.replace(request, mode=mode)
     device = Device.CUDA if mode is Mode.CUDA else Device.CPU
-    return dataclasses.replace(request, mode=mode, scenario={**request.scenario, "device": device.value})
+    return dataclasses.replace(request, mode=mode, scenario=scenario_measured_on(request.scenario, device))
 
 
 def _ram_check(request: VerifyRequest, parallel: ParallelPlan) -> tuple[str | None, int | None]:

@@ -9,10 +9,11 @@ one result (runners.measure.execute builds it).
 from __future__ import annotations
 
 import enum
+import sys
 from dataclasses import asdict, dataclass, field
 
 from planner.errors import PlannerInputError
-from planner.scenario import Engine, Scenario, parse_enum, scenario_from_values
+from planner.scenario import Device, Engine, Scenario, parse_enum, scenario_from_values
 from planner.strategy import Strategy
 
 # The strategies a verification run can launch (runners.rank_worker): the ZeRO stages are
@@ -39,6 +40,17 @@ INJECTABLE_FAULTS = ("hang", "sigkill-self", "import-error", "raise", "cuda-oom"
 # when CUDA initialises, so it is set in the child's environment before torch is imported.
 CUDA_ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 MAX_ALLOC_CONF_CHARS = 200
+
+
+def scenario_measured_on(scenario: dict, device: Device) -> dict:
+    """Scenario values as a run on `device` measures them: on the CPU's kernels, or on this
+    machine's GPU's whatever GPU the plan named (its compute capability picks SDPA's kernels,
+    planner.probe.cache.kernel_class)."""
+    measured = {k: v for k, v in scenario.items() if k != "compute_capability"} | {"device": device.value}
+    torch = sys.modules.get("torch")  # a run on CUDA has loaded it; a plan for another machine has not
+    if device is Device.CUDA and torch is not None and torch.cuda.is_available():
+        measured["compute_capability"] = "{}.{}".format(*torch.cuda.get_device_capability())
+    return measured
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ from planner.units import GIB, format_bytes
 from runners.history import RunHistory, RunMode, RunStatus
 from runners.isolation import run_in_child
 from runners.memory_limit import memory_limit_for
-from runners.request import SIMULATE_NEEDS_ACCELERATE, Engine, Mode, VerifyRequest
+from runners.request import SIMULATE_NEEDS_ACCELERATE, Engine, Mode, VerifyRequest, scenario_measured_on
 from runners.unrecorded import finish_or_keep
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -119,7 +119,7 @@ class RunPlan:
 
 def _with_device(request: VerifyRequest, mode: Mode) -> VerifyRequest:
     device = Device.CUDA if mode is Mode.CUDA else Device.CPU
-    return dataclasses.replace(request, mode=mode, scenario={**request.scenario, "device": device.value})
+    return dataclasses.replace(request, mode=mode, scenario=scenario_measured_on(request.scenario, device))
 
 
 _THIS_MACHINE = object()  # plan_run's default: read this machine's free RAM

@@ -60,7 +60,10 @@ def scenario_of(key: str, shape):
                   device="cuda" if "|cuda-kernels=" in key else "cpu", batch_size=1 if "batch-1" in parts else 2,
                   seq_len=shape.sliding_window if window == "window-reached" else PROBED_SEQ_LEN)
     for part in parts[7:]:
-        if part.startswith("target="):
+        if part.startswith("cuda-kernels="):
+            capability = cache.class_capability(part.split("=")[1])
+            values["compute_capability"] = None if capability is None else "{}.{}".format(*capability)
+        elif part.startswith("target="):
             values["target_len"] = int(part.split("=")[1])
         elif part.startswith(("lora:", "qlora:")):
             method, *fields = part.split(":")

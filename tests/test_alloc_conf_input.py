@@ -16,7 +16,7 @@ from planner.device_fit import plan_verdict, reserved_check
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
 from planner.fit import max_batch_size
-from planner.gpus import gpu_spec
+from planner.gpus import gpu_spec, scenario_on
 from planner.loading import load_model_shape
 from planner.probe.cache import probe_table
 from planner.reserved import training_events
@@ -35,8 +35,9 @@ def gpt2():
 
 
 def _plan(**overrides):
+    """A plan on the RTX 4090 (its kernels: planner.gpus.scenario_on)."""
     values = {"task": "causal-lm", "batch_size": 14, "seq_len": 1024, "device": "cuda", "precision": "bf16-mixed"}
-    return scenario_from_values(**(values | overrides))
+    return scenario_on(scenario_from_values(**(values | overrides)), RTX_4090)
 
 
 @pytest.mark.parametrize("text, expected", [

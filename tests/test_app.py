@@ -23,7 +23,7 @@ from planner.config_source import config_from_bytes
 from planner.cuda_overheads import cuda_overheads
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
-from planner.gpus import GPUS
+from planner.gpus import GPUS, capability_values
 from planner.loading import load_model_shape, model_shape_for_config
 from planner.reserved import replayed_step
 from planner.scenario import Task, scenario_from_values
@@ -49,6 +49,9 @@ def isolated_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("PLANNER_DATA_DIR", str(tmp_path / "data"))
 
 
+DEFAULT_GPU_KERNELS = capability_values("cuda", GPUS[GPU_PRESET_KEYS[DEFAULTS["gpu_preset"]]])
+
+
 def run_app() -> AppTest:
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S).run()
     assert not at.exception
@@ -56,7 +59,8 @@ def run_app() -> AppTest:
 
 
 def expected_estimate(model: str = DEFAULTS["catalog_model"], **overrides):
-    values = {key: DEFAULTS[key] for key in SCENARIO_KEYS} | overrides
+    """The sidebar's default scenario's estimate, on the default GPU's kernels."""
+    values = {key: DEFAULTS[key] for key in SCENARIO_KEYS} | DEFAULT_GPU_KERNELS | overrides
     scenario = scenario_from_values(**values)
     return estimate(load_model_shape(model, scenario.task, scenario.num_labels), scenario)
 
@@ -448,7 +452,7 @@ def test_a_new_model_s_plan_page_probes_only_its_own_class_and_draws_the_rest_on
     at = upload(at, data)
     at.run(timeout=PROBING_TIMEOUT_S)
     assert not at.exception and not at.error
-    values = {key: DEFAULTS[key] for key in SCENARIO_KEYS} | {"task": "causal-lm", "seq_len": 128}
+    values = {key: DEFAULTS[key] for key in SCENARIO_KEYS} | DEFAULT_GPU_KERNELS | {"task": "causal-lm", "seq_len": 128}
     scenario = scenario_from_values(**values)
     shape = model_shape_for_config(json.loads(data), scenario.task, scenario.num_labels, "config.json")
     assert_page_shows(at, estimate(shape, scenario))

@@ -21,7 +21,7 @@ from planner.config_source import config_from_bytes
 from planner.cuda_overheads import cuda_overheads
 from planner.errors import PlannerInputError
 from planner.estimate import estimate
-from planner.gpus import GPUS
+from planner.gpus import GPUS, capability_values, scenario_on
 from planner.loading import load_model_shape, model_shape_for_config
 from planner.parallel import parallel_estimate
 from planner.scenario import Task, scenario_from_values
@@ -53,6 +53,9 @@ def isolated(tmp_path, monkeypatch):
     run_queue.set_queue(None)
 
 
+DEFAULT_GPU_KERNELS = capability_values("cuda", GPUS[GPU_PRESET_KEYS[DEFAULTS["gpu_preset"]]])
+
+
 def app(page: str = "plan", query: dict | None = None) -> AppTest:
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT_S)
     if query:
@@ -68,7 +71,8 @@ def app(page: str = "plan", query: dict | None = None) -> AppTest:
 
 
 def values(**overrides) -> dict:
-    return {key: DEFAULTS[key] for key in SCENARIO_KEYS} | overrides
+    """The sidebar's default scenario, on the default GPU's kernels (views.inputs.capability_values)."""
+    return {key: DEFAULTS[key] for key in SCENARIO_KEYS} | DEFAULT_GPU_KERNELS | overrides
 
 
 def shape_for(model: str = DEFAULTS["catalog_model"], **overrides):
@@ -179,7 +183,8 @@ def test_plan_shows_the_largest_batch_and_sequence_that_fit():
     assert metric(at, "Largest batch size that fits") == f"{limits.batch_size:,}"
     assert metric(at, "Largest sequence length that fits") == f"{limits.seq_len:,}"
     at.selectbox(key="gpu_preset").set_value("H200 · 141 GB").run()
-    bigger = fit_limits(shape, scenario, _room_for_tensors("H200 · 141 GB"), check=_replayed_check("H200 · 141 GB"))
+    bigger = fit_limits(shape, scenario_on(scenario, GPUS["h200"]), _room_for_tensors("H200 · 141 GB"),
+                        check=_replayed_check("H200 · 141 GB"))
     assert metric(at, "Largest batch size that fits") == f"{bigger.batch_size:,}"
     assert bigger.batch_size > limits.batch_size
 

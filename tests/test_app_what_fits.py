@@ -22,6 +22,7 @@ from views.inputs import (
     DEFAULTS,
     GPU_PRESET_KEYS,
     SidebarValues,
+    capability_values,
     capacity_bytes,
     scenario_for,
 )
@@ -209,7 +210,7 @@ def test_nothing_fits_shows_the_nearest_plans_and_their_misses():
         plan = scenario_from_values(task="causal-lm", batch_size=int(row["micro-batch"]), seq_len=values.seq_len,
                                     optimizer=row["optimizer"], precision=row["precision"],
                                     gradient_checkpointing=bool(row["checkpointing"]),
-                                    grad_accum=int(row["accumulation"]))
+                                    grad_accum=int(row["accumulation"]), **capability_values(values))
         over = estimate(shape, plan).peak_bytes - capacity
         assert int(row["over by (bytes)"]) == over > 0
         assert row["over by (%)"] == pytest.approx(100 * over / capacity)

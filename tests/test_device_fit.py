@@ -15,7 +15,7 @@ from planner.cli import main as planner_main
 from planner.device_fit import MULTI_GPU_NOT_REPLAYED, plan_verdict, reserved_check
 from planner.estimate import estimate
 from planner.fit import fit_limits, max_batch_size
-from planner.gpus import gpu_spec
+from planner.gpus import gpu_spec, scenario_on
 from planner.loading import load_model_shape
 from planner.parallel import parallel_estimate
 from planner.probe.cache import probe_table
@@ -33,8 +33,9 @@ def gpt2():
 
 
 def _plan(**overrides):
+    """A plan on the RTX 4090 (its kernels: planner.gpus.scenario_on)."""
     values = {"task": "causal-lm", "batch_size": 1, "seq_len": 1024, "device": "cuda", "precision": "bf16-mixed"}
-    return scenario_from_values(**(values | overrides))
+    return scenario_on(scenario_from_values(**(values | overrides)), RTX_4090)
 
 
 def test_a_plan_whose_live_tensors_fit_a_24_gb_card_but_whose_reserved_memory_does_not(gpt2):

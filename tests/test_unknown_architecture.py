@@ -35,7 +35,7 @@ def test_unknown_family_on_cuda_is_probed_with_cuda_kernels_and_matches_a_simula
     shape = model_shape_for_config(FALCON, scenario.task, 2, "falcon-tiny")
     result = estimate(shape, scenario)
     assert result.confidence is Confidence.PROBED
-    assert any("CUDA kernels on fake tensors" in note for note in result.notes)
+    assert any("probed with sm80's CUDA kernels" in note and "on fake tensors" in note for note in result.notes)
     measured = simulate_step(FALCON, dict(values), gpu=CUDA_PROBE_ARCH)  # full depth, the runner's own loop
     # The estimate rounds each weight, gradient and AdamW state tensor to the caching
     # allocator's 512-byte blocks; the simulated step counts them at their exact size.

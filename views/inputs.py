@@ -17,6 +17,7 @@ from planner.config_task import config_task
 from planner.errors import PlannerInputError
 from planner.finetune import ALL_LINEAR, FINETUNE_KEYS, QUANT_TYPES, Method
 from planner.gpus import GPUS, MAX_GPU_GIB, GpuSpec, capacity_bytes_from_gib
+from planner.gpus import capability_values as gpu_capability_values  # the sidebar's own reads its preset
 from planner.scenario import (
     MAX_BATCH_SIZE,
     MAX_GRAD_ACCUM,
@@ -295,12 +296,20 @@ def scenario_for(values: SidebarValues) -> Scenario:
         **finetune_values(values),
         **alloc_conf_values(values),
         **target_values(values),
+        **capability_values(values),
     )
 
 
 def target_values(values: SidebarValues) -> dict:
     """The target length as the planner takes it: for seq2seq-lm only (it refuses it elsewhere)."""
     return {"target_len": values.target_len} if values.task == Task.SEQ2SEQ_LM.value else {}
+
+
+def capability_values(values: SidebarValues) -> dict:
+    """The preset GPU's compute capability as the planner takes it, on CUDA only: its kernels run
+    the step (a T4 has no flash attention; planner.probe.cache.kernel_class). A custom size names
+    no GPU, and is planned on Ampere's kernels."""
+    return gpu_capability_values(values.device, preset_gpu(values))
 
 
 def alloc_conf_values(values: SidebarValues) -> dict:
@@ -374,4 +383,5 @@ def base_values(values: SidebarValues) -> dict:
         "seq_len": values.seq_len, "optimizer": values.optimizer, "precision": values.precision,
         "gradient_checkpointing": values.gradient_checkpointing, "grad_accum": values.grad_accum,
         "attn": values.attn, "device": values.device, **alloc_conf_values(values), **target_values(values),
+        **capability_values(values),
     }

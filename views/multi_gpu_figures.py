@@ -42,7 +42,7 @@ DDP_COLOR = "#2563eb"
 LOCAL_SGD_COLOR = "#10b981"
 # The scenario values a recorded run carries that planner.scenario.scenario_from_values takes.
 SCENARIO_VALUE_KEYS = ("task", "batch_size", "seq_len", "optimizer", "precision", "gradient_checkpointing",
-                       "grad_accum", "attn", "device", "num_labels", "engine")
+                       "grad_accum", "attn", "device", "num_labels", "engine", "compute_capability")
 
 
 # --- Memory per GPU ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ only under the versions of torch, transformers and accelerate it was probed with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -23,7 +24,7 @@ from pathlib import Path
 from planner.config_identity import config_table_digest
 from planner.finetune import Method
 from planner.model_shape import ModelShape
-from planner.probe.table import ProbeTable
+from planner.probe.table import ProbeTable, poly_value
 from planner.scenario import Checkpointing, Device, Engine, Precision, Scenario, Task
 
 SHIPPED_DIR = Path(__file__).resolve().parents[1] / "catalog" / "probes"
@@ -99,16 +100,61 @@ def _finetune_parts(scenario: Scenario) -> list[str]:
     return parts
 
 
-# CUDA plans are probed with the CUDA kernels of one architecture (planner.probe.fake_cuda):
-# the scenario names a device kind, not a GPU. On sm80 and later, flash attention takes what
-# SDPA can give it, as on the A100, H100 and the 24 GB cards; a T4 (sm75) would take the
-# memory-efficient kernel, whose log-sum-exp is padded to 32 rows.
-CUDA_PROBE_ARCH = "sm80"
+# CUDA plans are probed with the kernels of the plan's GPU (planner.probe.fake_cuda), one
+# architecture standing for each class of GPUs on which torch 2.13's SDPA selection
+# (sdp_utils.cpp, as fake_cuda transcribes it) reads the same for every call:
+# - sm80: Ampere and later (8.0 to 12.1) but for the two below, and a GPU not known. Flash
+#   attention, memory-efficient and math read only `major >= 8` and the 8.0-12.1 ranges there;
+#   cuDNN attention would read sm90 and sm10x, but torch's own cuDNN (9.10.2) is not preferred
+#   (check_prefer_cudnn_attention), so SDPA never reaches it (math accepts every call first).
+# - sm86: 8.6 to 8.9 and 12.x (A10, L4, RTX 3090 / 4090), where flash refuses a backward with a
+#   head dimension over 192 (check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120).
+#   Only a call with such a head can tell them from sm80, so sm80's table stands for them
+#   unless it recorded one (probe_table).
+# - sm75: 7.0 to 7.5 (V100, T4): no flash attention (check_flash_attention_hardware_support),
+#   and the memory-efficient kernel, whose filters read only `major >= 7` and `major >= 8`
+#   there, refuses grouped-query attention in torch 2.13, which then takes the math path and
+#   keeps every layer's attention matrix (benchmarks/results/pre_ampere_attention.md).
+# - any other capability is a class of its own, probed on its own kernels.
+CUDA_PROBE_ARCH = "sm80"  # what a CUDA plan takes when its GPU is not known
+SM86, SM75 = "sm86", "sm75"
+_SM86_LIKE = ((8, 6), (8, 9)), ((12, 0), (12, 1))
+FLASH_HEAD_DIM_SM86 = 192  # above it flash refuses a backward on sm86-like GPUs
+
+
+def kernel_class(capability: tuple[int, int] | None) -> str:
+    """The architecture whose kernels stand for a GPU of `capability` (the comment above)."""
+    if capability is None:
+        return CUDA_PROBE_ARCH
+    if any(low <= capability <= high for low, high in _SM86_LIKE):
+        return SM86
+    if (8, 0) <= capability <= (12, 1):
+        return CUDA_PROBE_ARCH
+    if (7, 0) <= capability < (8, 0):
+        return SM75
+    major, minor = capability
+    return f"sm{major}{minor}"
+
+
+def class_capability(arch: str) -> tuple[int, int] | None:
+    """A compute capability whose kernel_class is `arch` (None for sm80's: a GPU not known)."""
+    return None if arch == CUDA_PROBE_ARCH else (int(arch[2:-1]), int(arch[-1]))
+
+
+_CLASS_GPUS = {CUDA_PROBE_ARCH: "Ampere and later, and a GPU not named", SM86: "A10, L4, RTX 30 and 40 series",
+               SM75: "T4 and V100: no flash attention"}
+
+
+def kernels_label(scenario: Scenario) -> str:
+    """Whose kernels a CUDA plan is probed with, in words (the estimate's note)."""
+    arch = probe_gpu(scenario)
+    gpus = _CLASS_GPUS.get(arch, f"compute capability {arch[2:-1]}.{arch[-1]}")
+    return f"{arch}'s CUDA kernels ({gpus})"
 
 
 def probe_gpu(scenario: Scenario) -> str | None:
     """The GPU architecture whose kernels a probe of `scenario` takes; None, the CPU's."""
-    return CUDA_PROBE_ARCH if scenario.device is Device.CUDA else None
+    return kernel_class(scenario.compute_capability) if scenario.device is Device.CUDA else None
 
 
 FP16_AUTOCAST = "autocast=fp16"  # a CUDA fp16-mixed class probed under autocast (technique_key)
@@ -141,6 +187,10 @@ def technique_key(shape: ModelShape, scenario: Scenario) -> str:
 
 
 UNSUPPORTED = "unsupported"  # a stored entry holding the reason a class cannot be probed
+# A stored entry naming another key of the same file whose table is this class's too: a class
+# probed on another architecture's kernels that recorded the very same step (the shipping
+# script checks it, scripts/ship_kernel_classes.py), stored once.
+SAME_AS = "same_as"
 
 
 def _user_dir() -> Path:
@@ -280,9 +330,34 @@ def is_ready(shape: ModelShape, scenario: Scenario) -> bool:
     """True when this scenario's table is in memory or stored: no probe will run."""
     if shape.source_config is None:
         return True
+    if probe_gpu(scenario) == SM86:
+        if not is_ready(shape, dataclasses.replace(scenario, compute_capability=(8, 0))):
+            return False
+        if _ampere_standing_in(shape, scenario) is not None:  # read, not probed
+            return True
     digest, key = config_digest(shape), technique_key(shape, scenario)
     return (digest, key) in _MEMORY or any(key in _read(path) for path in
                                            (SHIPPED_DIR / f"{digest}.json", _user_dir() / f"{digest}.json"))
+
+
+def _ampere_standing_in(shape: ModelShape, scenario: Scenario) -> ProbeTable | str | None:
+    """sm80's table (or why it cannot be probed) where it stands for an sm86-like plan: SDPA
+    then chose alike on every call (kernel_class). None where the plan needs its own."""
+    if probe_gpu(scenario) != SM86:
+        return None
+    ampere = probe_table(shape, dataclasses.replace(scenario, compute_capability=(8, 0)))
+    return ampere if isinstance(ampere, str) or not flash_head_over_sm86_limit(ampere) else None
+
+
+def flash_head_over_sm86_limit(table: ProbeTable) -> bool:
+    """Whether sm80's `table` recorded a flash backward with a head dimension sm86-like GPUs'
+    flash refuses (kernel_class); True when it cannot tell (no trace)."""
+    from planner.attention_scratch import FLASH
+
+    if table.trace is None:
+        return True
+    return any(backend == FLASH and poly_value(dims[5], 1, 1) > FLASH_HEAD_DIM_SM86
+               for _, backend, _, dims, _ in table.trace.attention_backwards)
 
 
 def _stored_or_computed(shape: ModelShape, key: str, decode: Callable[[dict], object],
@@ -327,6 +402,8 @@ def _known(digest: str, key: str, decode: Callable[[dict], object]):
         return found
     for path in (SHIPPED_DIR / f"{digest}.json", _user_dir() / f"{digest}.json"):
         stored = _read(path).get(key)
+        if stored is not None and SAME_AS in stored:
+            stored = _read(path).get(stored[SAME_AS])
         if stored is not None:
             # A shipped class the probe cannot run keeps its reason (scripts/build_probe_tables.py).
             _MEMORY[(digest, key)] = stored[UNSUPPORTED] if UNSUPPORTED in stored else decode(stored)
@@ -337,6 +414,9 @@ def _known(digest: str, key: str, decode: Callable[[dict], object]):
 def probe_table(shape: ModelShape, scenario: Scenario) -> ProbeTable | str:
     """The table for this scenario's technique class, probing once if none is stored;
     a string says why the model cannot be probed (the caller falls back and says so)."""
+    standing_in = _ampere_standing_in(shape, scenario)
+    if standing_in is not None:
+        return standing_in
     key = technique_key(shape, scenario)
     return _stored_or_computed(shape, key, ProbeTable.from_json, lambda: _compute(shape, scenario, key),
                                ProbeTable.to_json)
@@ -381,6 +461,11 @@ def store_unsupported(key: str, reason: str, path: Path) -> None:
 def store(table: ProbeTable, path: Path) -> None:
     """Add `table` to the file of its config."""
     _store_entry(table.key, table.to_json(), path)
+
+
+def store_same_as(key: str, same_as: str, path: Path) -> None:
+    """Record that class `key`'s table is the one stored under `same_as` (SAME_AS)."""
+    _store_entry(key, {SAME_AS: same_as}, path)
 
 
 def store_step(shape: ModelShape, scenario: Scenario, step_bytes: int, path: Path) -> None:

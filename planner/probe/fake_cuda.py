@@ -64,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -109,6 +110,7 @@ class CudaGpu:
 # GPU run reads torch.backends.cudnn.version(): with it cuDNN attention is not preferred
 # (check_prefer_cudnn_attention wants > 9.15.0), so a choice is flash, efficient or math.
 GPUS = {
+    "sm75": CudaGpu("T4", 7, 5),
     "sm80": CudaGpu("A100", 8, 0),
     "sm86": CudaGpu("A10 / RTX 3090", 8, 6),
     "sm89": CudaGpu("L4 / RTX 4090", 8, 9),
@@ -119,9 +121,12 @@ GPUS = {
 def resolve_gpu(gpu: CudaGpu | str) -> CudaGpu:
     if isinstance(gpu, CudaGpu):
         return gpu
-    if gpu not in GPUS:
-        raise ValueError(f"unknown GPU architecture {gpu!r}: use one of {', '.join(GPUS)} or a CudaGpu")
-    return GPUS[gpu]
+    if gpu in GPUS:
+        return GPUS[gpu]
+    match = re.fullmatch(r"sm([0-9]{1,2})([0-9])", gpu)  # planner.probe.cache.kernel_class's own classes
+    if match is None:
+        raise ValueError(f"unknown GPU architecture {gpu!r}: use one of {', '.join(GPUS)}, smXY or a CudaGpu")
+    return CudaGpu(gpu, int(match.group(1)), int(match.group(2)))
 
 
 @dataclass(frozen=True)
