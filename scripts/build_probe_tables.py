@@ -114,7 +114,7 @@ def ship_adapters(name: str) -> int:
     QLoRA class (and adapter step) it probed: what a first search would otherwise probe."""
     from planner.device_fit import reserved_check
     from planner.fit import FitTarget, find_fits
-    from planner.gpus import GPUS
+    from planner.gpus import GPUS, scenario_on
     from planner.verdict import room_for_plans
 
     entry = catalog_entries()[name]
@@ -123,7 +123,8 @@ def ship_adapters(name: str) -> int:
     base = scenario_from_values(task=entry.default_task.value, batch_size=8, seq_len=512)
     for key in ADAPTER_SEARCH_GPUS:
         gpu = GPUS[key]
-        find_fits(shape, base, gpu.capacity_bytes, FitTarget(base.seq_len, effective_batch=base.batch_size), gpu,
+        find_fits(shape, scenario_on(base, gpu), gpu.capacity_bytes,
+                  FitTarget(base.seq_len, effective_batch=base.batch_size), gpu,
                   room_for=room_for_plans(gpu.capacity_bytes, base.device, gpu),
                   check=reserved_check(gpu.capacity_bytes, base.device, gpu))
     probed = cache._read(cache._user_dir() / f"{digest}.json")
