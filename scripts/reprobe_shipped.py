@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +105,29 @@ def scenario_for_key(key: str, shapes: list):
     return None
 
 
+def shipped_files(part: str, only: str = "") -> Iterator[tuple[str, Path, list]]:
+    """("[number/count]", path, catalog (name, shape)s) for every N-th shipped file from the K-th
+    (`part` "K/N"), only those of catalog models whose name contains `only`; a file of no
+    catalog model is named and left out."""
+    k, n = (int(x) for x in part.split("/"))
+    by_digest = models_by_digest()
+    files = sorted(cache.SHIPPED_DIR.glob("*.json"))[k::n]
+    for number, path in enumerate(files, start=1):
+        shapes = by_digest.get(path.stem)
+        if shapes is None:
+            print(f"[{number}/{len(files)}] {path.name}: no catalog model: left as it is", flush=True)
+        elif only in " ".join(name for name, _ in shapes):
+            yield f"[{number}/{len(files)}]", path, shapes
+
+
+def catalog_scenario(key: str, shapes: list, path: Path, otherwise: str):
+    """scenario_for_key, saying so (and what is done: `otherwise`) where no catalog model gives it."""
+    found = scenario_for_key(key, shapes)
+    if found is None:
+        print(f"  {path.name}: no catalog model and scenario give {key}: {otherwise}", flush=True)
+    return found
+
+
 def reprobe(path: Path, shapes: list, again: bool = False, containing: str = "") -> tuple[int, int]:
     """(re-probed, dropped) classes of one shipped file: those under an older probe format, or
     (`again`) those under the current one; only those whose key contains `containing`.
@@ -116,9 +140,8 @@ def reprobe(path: Path, shapes: list, again: bool = False, containing: str = "")
         cache.write_tables({key: entry for key, entry in tables.items() if key not in old}, path)
     done = 0
     for key in old:
-        found = scenario_for_key(key, shapes)
+        found = catalog_scenario(key, shapes, path, "dropped")
         if found is None:
-            print(f"  {path.name}: no catalog model and scenario give {key}: dropped", flush=True)
             continue
         shape, scenario = found
         table = cache.probe_table(shape, scenario)
@@ -144,20 +167,11 @@ def main() -> int:
     parser.add_argument("--only", default="", help="only the files of catalog models whose name contains this")
     parser.add_argument("--containing", default="", help="only the classes whose key contains this text")
     args = parser.parse_args()
-    k, n = (int(x) for x in args.part.split("/"))
-    by_digest = models_by_digest()
-    files = sorted(cache.SHIPPED_DIR.glob("*.json"))[k::n]
     started = time.perf_counter()
-    for number, path in enumerate(files, start=1):
-        shapes = by_digest.get(path.stem)
-        if shapes is None:
-            print(f"[{number}/{len(files)}] {path.name}: no catalog model: left as it is", flush=True)
-            continue
+    for number, path, shapes in shipped_files(args.part, args.only):
         begun = time.perf_counter()
-        if args.only not in " ".join(name for name, _ in shapes):
-            continue
         done, dropped = reprobe(path, shapes, args.again, args.containing)
-        print(f"[{number}/{len(files)}] {shapes[0][0]}: {done} classes probed again, {dropped} old entries dropped, "
+        print(f"{number} {shapes[0][0]}: {done} classes probed again, {dropped} old entries dropped, "
               f"{time.perf_counter() - begun:.0f} s ({time.perf_counter() - started:.0f} s in all)", flush=True)
     return 0
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from planner.probe import cache  # noqa: E402
-from reprobe_shipped import current_key, models_by_digest, scenario_for_key  # noqa: E402
+from reprobe_shipped import catalog_scenario, current_key, shipped_files  # noqa: E402
 
 ALREADY_SHIPPED = "|cuda-kernels=" + cache.CUDA_PROBE_ARCH + "|"
 
@@ -52,9 +52,8 @@ def ship_file(path: Path, shapes: list, arch: str, precisions: tuple[str, ...], 
                and containing in key and cache.UNSUPPORTED not in entry]
     full = same = 0
     for key in sources:
-        found = scenario_for_key(key, shapes)
+        found = catalog_scenario(key, shapes, path, "skipped")
         if found is None:
-            print(f"  {path.name}: no catalog model and scenario give {key}: skipped", flush=True)
             continue
         shape, scenario = found
         scenario = dataclasses.replace(scenario, compute_capability=cache.class_capability(arch))
@@ -86,17 +85,11 @@ def main() -> int:
     if args.arch == cache.CUDA_PROBE_ARCH or cache.kernel_class(cache.class_capability(args.arch)) != args.arch:
         parser.error(f"--arch must be a kernel class other than {cache.CUDA_PROBE_ARCH}, e.g. sm75")
     precisions = tuple(p.strip() for p in args.precisions.split(",") if p.strip())
-    k, n = (int(x) for x in args.part.split("/"))
-    by_digest = models_by_digest()
-    files = sorted(cache.SHIPPED_DIR.glob("*.json"))[k::n]
     started = time.perf_counter()
-    for number, path in enumerate(files, start=1):
-        shapes = by_digest.get(path.stem)
-        if shapes is None or args.only not in " ".join(name for name, _ in shapes):
-            continue
+    for number, path, shapes in shipped_files(args.part, args.only):
         begun = time.perf_counter()
         full, same = ship_file(path, shapes, args.arch, precisions, args.containing)
-        print(f"[{number}/{len(files)}] {shapes[0][0]}: {full} classes stored, {same} the same as "
+        print(f"{number} {shapes[0][0]}: {full} classes stored, {same} the same as "
               f"{cache.CUDA_PROBE_ARCH}'s, {time.perf_counter() - begun:.0f} s "
               f"({time.perf_counter() - started:.0f} s in all)", flush=True)
     return 0
