@@ -11,9 +11,9 @@ left as they are, so an interrupted run goes on where it stopped.
     python scripts/ship_kernel_classes.py [--arch sm75] [--precisions fp32,fp16-mixed] [--part K/N] [--only NAME]
                                           [--containing TEXT]
 
-Shipped: sm75's fp32 and fp16-mixed classes, and its bf16-mixed classes without checkpointing
-(`--precisions bf16-mixed --containing "|no-checkpointing|"`: the Plan page's technique chart
-draws bf16 autocast on every GPU). A few seconds per class: the fp32 and fp16-mixed classes of
+Shipped: sm75's fp32, fp16-mixed and bf16-mixed classes (`--precisions bf16-mixed`: the Plan
+page's technique chart draws bf16 autocast, with and without checkpointing, on every GPU, and a
+page whose chart lacks a class draws it only on request). A few seconds per class: the fp32 and fp16-mixed classes of
 `--part 0/2` (half the files) took 36 minutes on two cores busy with other work. Parts may run
 side by side, never two runs on the same files at once (each writes its files whole).
 Progress is printed per file.

@@ -435,6 +435,10 @@ def test_a_catalog_models_plan_page_on_cuda_probes_nothing(monkeypatch):
     at.query_params.update({"catalog_model": "bert-base-uncased", "task": "sequence-classification"})
     at.run()
     assert not at.exception and not probed
+    # ... and its technique chart is drawn whole on the default T4 (sm75's bf16 autocast classes,
+    # with and without checkpointing, ship too: scripts/ship_kernel_classes.py).
+    assert DEFAULTS["gpu_preset"].startswith("T4")
+    assert not [i.value for i in at.info if i.value.startswith("Not drawn yet")]
 
 
 def test_a_new_model_s_plan_page_probes_only_its_own_class_and_draws_the_rest_on_request():
