@@ -56,6 +56,7 @@ from planner.scenario import (
     Scenario,
     Task,
     as_int,
+    capability_text,
     scenario_from_values,
 )
 from planner.step_time import DEFAULT_UTILISATION
@@ -314,7 +315,7 @@ def _on_named_gpu(scenario: Scenario, gpu_text: object) -> Scenario:
         return scenario
     named = scenario_on(scenario, gpu)
     if scenario.compute_capability is not None and named.compute_capability != scenario.compute_capability:
-        raise PlannerInputError(f"compute capability {'{}.{}'.format(*scenario.compute_capability)} is not the "
+        raise PlannerInputError(f"compute capability {capability_text(scenario.compute_capability)} is not the "
                                 f"{gpu.label}'s: leave compute_capability out, or give a size in GiB as the gpu")
     return named
 
@@ -330,7 +331,7 @@ def format_table(result: Estimate) -> str:
          f"accumulation {s.grad_accum_steps}, attention {s.attention.value}, device {s.device.value}, "
          f"engine {s.engine.value}"
          + (f", PYTORCH_CUDA_ALLOC_CONF={s.cuda_alloc_conf}" if s.cuda_alloc_conf else "")
-         + (", compute capability {}.{}".format(*s.compute_capability) if s.compute_capability else "")),
+         + (f", compute capability {capability_text(s.compute_capability)}" if s.compute_capability else "")),
         "",
         f"{'category':<34}{'bytes':>18}  {'size (binary units)':>20}",
     ]

@@ -34,7 +34,17 @@ from planner.optimizer_state import (
     tensor_state_bytes,
 )
 from planner.optimizer_step import optimizer_step_transient_bytes
-from planner.scenario import Attention, Checkpointing, Device, Engine, Optimizer, Precision, Scenario, Task
+from planner.scenario import (
+    Attention,
+    Checkpointing,
+    Device,
+    Engine,
+    Optimizer,
+    Precision,
+    Scenario,
+    Task,
+    capability_text,
+)
 from planner.units import format_bytes
 
 MAX_PEAK_BYTES = 1 << 62  # 4 EiB: a quarter of what a signed 64-bit column holds, so sums stay in range
@@ -125,7 +135,7 @@ class Estimate:
                 "grad_accum": s.grad_accum_steps, "attn": s.attention.value, "device": s.device.value,
                 "engine": s.engine.value, **_finetune_json(s),
                 **({"cuda_alloc_conf": s.cuda_alloc_conf} if s.cuda_alloc_conf else {}),
-                **({"compute_capability": "{}.{}".format(*s.compute_capability)} if s.compute_capability else {}),
+                **({"compute_capability": capability_text(s.compute_capability)} if s.compute_capability else {}),
             },
             "trainable_parameters": self.num_parameters if self.trainable_parameters is None
             else self.trainable_parameters,

@@ -79,7 +79,7 @@ import enum
 from dataclasses import dataclass
 
 from planner.errors import PlannerInputError
-from planner.scenario import Device, Scenario
+from planner.scenario import Device, Scenario, capability_text
 from planner.units import MIB
 
 TERA = 10**12
@@ -249,7 +249,7 @@ def capability_values(device: str, gpu: GpuSpec | None) -> dict:
     a GPU without one (ROCm): those are planned on Ampere's kernels."""
     if device != "cuda" or gpu is None or gpu.compute_capability is None:
         return {}
-    return {"compute_capability": "{}.{}".format(*gpu.compute_capability)}
+    return {"compute_capability": capability_text(gpu.compute_capability)}
 
 
 def scenario_on(scenario: Scenario, gpu: GpuSpec | None) -> Scenario:

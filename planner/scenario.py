@@ -354,6 +354,12 @@ def scenario_from_values(
     )
 
 
+def capability_text(capability: tuple[int, int]) -> str:
+    """A compute capability as nvidia-smi prints it and parse_compute_capability reads it: "7.5"."""
+    major, minor = capability
+    return f"{major}.{minor}"
+
+
 def parse_compute_capability(value: object) -> tuple[int, int] | None:
     """A compute capability from "7.5", 7.5 or (7, 5); None stays None (not known)."""
     if value is None or (isinstance(value, tuple) and len(value) == 2):

@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 
 from planner.errors import PlannerInputError
-from planner.scenario import Device, Engine, Scenario, parse_enum, scenario_from_values
+from planner.scenario import Device, Engine, Scenario, capability_text, parse_enum, scenario_from_values
 from planner.strategy import Strategy
 
 # The strategies a verification run can launch (runners.rank_worker): the ZeRO stages are
@@ -49,7 +49,7 @@ def scenario_measured_on(scenario: dict, device: Device) -> dict:
     measured = {k: v for k, v in scenario.items() if k != "compute_capability"} | {"device": device.value}
     torch = sys.modules.get("torch")  # a run on CUDA has loaded it; a plan for another machine has not
     if device is Device.CUDA and torch is not None and torch.cuda.is_available():
-        measured["compute_capability"] = "{}.{}".format(*torch.cuda.get_device_capability())
+        measured["compute_capability"] = capability_text(torch.cuda.get_device_capability())
     return measured
 
 
